@@ -1,0 +1,73 @@
+"""shardviz: see, step through and debug PyTorch DTensor sharding and collectives in notebooks.
+
+The public API lives here; everything else is an implementation detail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _torch
+from .backends import device_type, restart
+from .backends import use as _use
+from .layout import Layout, ShardInfo
+from .layout import compute as _compute_layout
+from .placement import Placement
+from .record import record
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Layout",
+    "Placement",
+    "ShardInfo",
+    "__version__",
+    "device_type",
+    "layout",
+    "record",
+    "restart",
+    "use",
+]
+
+
+def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:
+    """Choose where SPMD code runs: ``"local"`` (simulated in this kernel), ``"gloo"`` or ``"nccl"``.
+
+    Calling it again with the same arguments changes nothing; other arguments rebuild the backend.
+    """
+    _use(backend, world_size, **options)
+
+
+def layout(
+    obj: Any,
+    mesh_shape: Any = None,
+    placements: Any = None,
+    mesh_dim_names: Any = None,
+    **kwargs: Any,
+) -> Layout:
+    """Per-rank geometry of a DTensor, or of (shape, mesh_shape, placements) with no tensor at all.
+
+    ``sv.layout(dt)`` reads a DTensor; ``sv.layout((10, 3), (4,), ["S(0)"])`` computes the same
+    geometry as a pure function, for any mesh size, without a process group.
+    """
+    if isinstance(obj, Layout):
+        if mesh_shape is not None or placements is not None:
+            raise TypeError("sv.layout(layout) takes no mesh_shape/placements: the layout already has them")
+        return obj
+    if _torch.is_dtensor(obj):
+        if mesh_shape is not None or placements is not None or mesh_dim_names is not None:
+            raise TypeError(
+                "sv.layout(dtensor) reads the mesh and placements from the DTensor; pass only the DTensor"
+            )
+        return _compute_layout(**_torch.dtensor_geometry(obj))
+    if _torch.is_local_tensor(obj) or hasattr(obj, "__torch_function__"):
+        raise TypeError(
+            f"sv.layout got a {type(obj).__name__}, which has no placements: pass a DTensor, or a global "
+            'shape with a mesh shape and placements, e.g. sv.layout((10, 3), (4,), ["S(0)"])'
+        )
+    if mesh_shape is None or placements is None:
+        raise TypeError(
+            "sv.layout(shape, mesh_shape, placements) needs all three, e.g. "
+            'sv.layout((10, 3), (4,), ["S(0)"]); or pass a DTensor'
+        )
+    return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)

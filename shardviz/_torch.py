@@ -1,0 +1,197 @@
+"""The one module that touches private torch APIs.
+
+Everything shardviz needs from ``torch.distributed._local_tensor``, DTensor internals and the
+dispatch machinery is imported here, behind a version check, so that a torch release that moves
+one of them fails with a message naming what moved instead of an obscure AttributeError deep in a
+notebook. The rest of the package imports from here and speaks in plain data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .placement import Placement
+
+MIN_TORCH = (2, 13)
+
+_private: dict[str, Any] = {}
+
+# (module, attribute) pairs shardviz relies on; checked together at import time.
+_REQUIRED = {
+    "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor"),
+    "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode"),
+    "LocalIntNode": ("torch.distributed._local_tensor", "LocalIntNode"),
+    "local_tensor_mode": ("torch.distributed._local_tensor", "local_tensor_mode"),
+    "StridedShard": ("torch.distributed.tensor.placement_types", "_StridedShard"),
+    "DebugMode": ("torch.utils._debug_mode", "DebugMode"),
+    "debug_mode_module": ("torch.utils._debug_mode._mode", None),
+    "TorchDispatchMode": ("torch.utils._python_dispatch", "TorchDispatchMode"),
+    "disable_current_modes": ("torch.utils._python_dispatch", "_disable_current_modes"),
+    "dispatch_mode_stack": ("torch.utils._python_dispatch", "_get_current_dispatch_mode_stack"),
+    "resolve_process_group": ("torch.distributed.distributed_c10d", "_resolve_process_group"),
+}
+
+
+class TorchVersionError(ImportError):
+    """The installed torch lacks (or moved) an API that shardviz builds on."""
+
+
+def _version(v: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _load() -> None:
+    if _version(torch.__version__) < MIN_TORCH:
+        raise TorchVersionError(
+            f"shardviz needs torch>={MIN_TORCH[0]}.{MIN_TORCH[1]} (LocalTensorMode); this is torch "
+            f"{torch.__version__}. Install it with: pip install 'torch=={MIN_TORCH[0]}.{MIN_TORCH[1]}.0'"
+        )
+    missing = []
+    for key, (mod_name, attr) in _REQUIRED.items():
+        try:
+            mod = importlib.import_module(mod_name)
+            _private[key] = mod if attr is None else getattr(mod, attr)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{mod_name}{'.' + attr if attr else ''} ({type(e).__name__})")
+    if missing:
+        raise TorchVersionError(
+            f"torch {torch.__version__} moved or removed private APIs shardviz relies on: "
+            + ", ".join(missing)
+            + f". shardviz is tested with torch {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
+            "install that version or report the torch version at the shardviz issue tracker."
+        )
+
+
+_load()
+
+LocalTensor = _private["LocalTensor"]
+LocalTensorMode = _private["LocalTensorMode"]
+LocalIntNode = _private["LocalIntNode"]
+StridedShard = _private["StridedShard"]
+DebugMode = _private["DebugMode"]
+TorchDispatchMode = _private["TorchDispatchMode"]
+
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+
+
+def active_local_mode() -> Any:
+    """The innermost active LocalTensorMode, or None."""
+    return _private["local_tensor_mode"]()
+
+
+def dispatch_mode_stack() -> list[Any]:
+    return list(_private["dispatch_mode_stack"]())
+
+
+@contextlib.contextmanager
+def no_dispatch() -> Iterator[None]:
+    """Run plain tensor code with every dispatch mode suspended (for snapshots)."""
+    with _private["disable_current_modes"]():
+        yield
+
+
+def is_local_tensor(t: object) -> bool:
+    return isinstance(t, LocalTensor)
+
+
+def local_tensors(t: object) -> dict[int, torch.Tensor] | None:
+    """The per-rank tensors of a LocalTensor (None for anything else)."""
+    if isinstance(t, LocalTensor):
+        return dict(t._local_tensors)
+    return None
+
+
+def is_dtensor(t: object) -> bool:
+    return isinstance(t, DTensor)
+
+
+def placement_to_plain(p: Any) -> Placement:
+    """A torch placement as shardviz's plain Placement."""
+    if isinstance(p, StridedShard):
+        return Placement("strided", dim=int(p.dim), split_factor=int(p._split_factor_int()))
+    if isinstance(p, Shard):
+        return Placement("shard", dim=int(p.dim))
+    if isinstance(p, Replicate):
+        return Placement("replicate")
+    if isinstance(p, Partial):
+        return Placement("partial", reduce_op=str(p.reduce_op))
+    raise TypeError(f"placement {p!r} ({type(p).__name__}) is not one shardviz knows how to draw")
+
+
+def placement_from_plain(p: Placement) -> Any:
+    """shardviz's plain Placement as a torch placement."""
+    if p.kind == "shard":
+        return Shard(p.dim)  # type: ignore[arg-type]
+    if p.kind == "strided":
+        return StridedShard(p.dim, split_factor=p.split_factor)
+    if p.kind == "partial":
+        return Partial(p.reduce_op)  # type: ignore[arg-type]
+    return Replicate()
+
+
+def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
+    return tuple(str(placement_to_plain(p)) for p in placements)
+
+
+def mesh_info(mesh: Any) -> tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]:
+    """(mesh shape, dim names, ranks in row-major order) of a DeviceMesh, without the mode."""
+    with no_dispatch():
+        ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+    names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
+    return tuple(int(s) for s in mesh.mesh.shape), names, ranks
+
+
+def dtensor_geometry(dt: Any) -> dict[str, Any]:
+    """What the pure layout function needs to describe a DTensor."""
+    spec = dt._spec
+    shape, names, ranks = mesh_info(spec.mesh)
+    order = None
+    so = getattr(spec, "shard_order", None)
+    if so and not getattr(spec, "use_strided_shard_as_shard_order", False):
+        order = {int(e.tensor_dim): tuple(int(m) for m in e.mesh_dims) for e in so}
+    return {
+        "global_shape": tuple(int(s) for s in dt.shape),
+        "dtype": dtype_name(dt.dtype),
+        "mesh_shape": shape,
+        "mesh_dim_names": names,
+        "mesh_ranks": ranks,
+        "placements": placements_str(spec.placements),
+        "shard_order": order,
+    }
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def process_group_ranks(group: Any) -> list[int]:
+    """Global ranks of a process group given as a ProcessGroup, a boxed one, or a group name."""
+    if isinstance(group, str):
+        group = _private["resolve_process_group"](group)
+    elif isinstance(group, torch.ScriptObject):
+        group = dist.ProcessGroup.unbox(group)
+    return list(dist.get_process_group_ranks(group))
+
+
+def process_group_desc(group: Any) -> str:
+    if isinstance(group, str):
+        group = _private["resolve_process_group"](group)
+    elif isinstance(group, torch.ScriptObject):
+        group = dist.ProcessGroup.unbox(group)
+    return str(getattr(group, "group_desc", "") or "")
+
+
+def debug_mode_counter(delta: int) -> None:
+    """Tell DTensor a DebugMode-like recorder is (or is no longer) active.
+
+    DTensor reports redistributes only when this module-level counter is non-zero.
+    """
+    _private["debug_mode_module"]._ACTIVE_DEBUG_MODE_COUNT += delta

@@ -1,0 +1,69 @@
+"""The current backend: chosen by ``sv.use``, local with 4 ranks until then."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Backend
+from .local import LocalBackend
+
+DEFAULT_WORLD_SIZE = 4
+BACKENDS = ("local", "gloo", "nccl")
+
+_current: Backend | None = None
+_default_key: tuple[Any, ...] = ("local", DEFAULT_WORLD_SIZE)
+
+
+def _build(name: str, world_size: int, **options: Any) -> Backend:
+    if name == "local":
+        if options:
+            raise TypeError(f"the local backend takes no options, got {sorted(options)}")
+        return LocalBackend(world_size)
+    raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+
+
+def use(name: str = "local", world_size: int | None = None, **options: Any) -> Backend:
+    """Switch backend; the same arguments again change nothing."""
+    global _current
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+    if world_size is None:
+        world_size = DEFAULT_WORLD_SIZE
+    key = (name, world_size, *sorted(options.items()))
+    if _current is not None and _current.key() == key:
+        return _current
+    if _current is not None:
+        _current.close()
+        _current = None
+    _current = _build(name, world_size, **options)
+    return _current
+
+
+def current() -> Backend:
+    """The active backend, building the default (local, 4 ranks) on first use."""
+    global _current
+    if _current is None:
+        _current = _build("local", DEFAULT_WORLD_SIZE)
+    return _current
+
+
+def peek() -> Backend | None:
+    return _current
+
+
+def restart() -> Backend:
+    """Tear the current backend down and build it again with the same arguments."""
+    global _current
+    old = current()
+    name, world_size = old.name, old.world_size
+    options = dict(getattr(old, "options", {}) or {})
+    old.close()
+    _current = None
+    _current = _build(name, world_size, **options)
+    return _current
+
+
+def device_type() -> str:
+    if _current is None:
+        return "cpu"
+    return _current.device_type()

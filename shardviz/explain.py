@@ -1,0 +1,84 @@
+"""Known traps of the simulation, recognised in a traceback and explained in plain words.
+
+Torch raises bare ``AssertionError``s for several situations users meet in their first hour
+(a mesh that does not cover the simulated world, an uneven 3-D scatter). The exception keeps
+its type and traceback; its message gains what happened and what to do.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from .errors import explain
+
+
+def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]]:
+    out = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        out.append((code.co_filename.replace("\\", "/"), code.co_name, tb.tb_frame.f_locals))
+        tb = tb.tb_next
+    return out
+
+
+def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
+    """Add an explanation to ``error`` when it matches a known trap; return it either way."""
+    frames = _frames(error.__traceback__)
+    msg = str(error.args[0]) if error.args else ""
+
+    if isinstance(error, AssertionError):
+        for filename, func, f_locals in reversed(frames):
+            if func == "get_coordinate" and "_local_tensor" in filename:
+                mesh = f_locals.get("self")
+                n = _mesh_size(mesh)
+                size = f"{n} ranks" if n is not None else "fewer ranks"
+                return explain(
+                    error,
+                    f"shardviz: this DeviceMesh covers {size}, but the simulation runs {world_size} ranks. "
+                    "Under LocalTensorMode every simulated rank must be in the mesh. Build a mesh of "
+                    f"{world_size} ranks, or change the world size: sv.use('local', world_size={n or 'N'}).",
+                )
+            if func == "_shard_tensor" and "placement_types" in filename:
+                shapes = _shapes(f_locals.get("scatter_list"))
+                if type(f_locals.get("self")).__name__ == "_StridedShard":
+                    return explain(
+                        error,
+                        "shardviz: scattering a _StridedShard needs every rank's chunk to have the same "
+                        "size, and here they differ" + (f" ({shapes})" if shapes else "") + "; torch "
+                        "requires this on real ranks too. Pass src_data_rank=None to distribute_tensor "
+                        "(each rank slices the global tensor itself), or use a size that divides evenly "
+                        "by split_factor x mesh dim size.",
+                    )
+                return explain(
+                    error,
+                    "shardviz: this is a known LocalTensorMode bug in torch 2.13: when ranks already hold "
+                    "shards of different shapes (uneven sharding on an earlier mesh dim), aten.split pads "
+                    "missing chunks with the wrong shape, so the simulated scatter fails"
+                    + (f" (chunk shapes {shapes})" if shapes else "")
+                    + ". Work around it: pass src_data_rank=None to distribute_tensor (every rank slices "
+                    "the global tensor itself: the same shards, no scatter recorded), or pick a shape "
+                    "that divides evenly over the mesh.",
+                )
+    if isinstance(error, RuntimeError) and "Mesh should not be bigger than default world size" in msg:
+        return explain(
+            error,
+            f"shardviz: the simulation runs {world_size} ranks; a mesh needs exactly that many. "
+            "Call sv.use('local', world_size=<mesh size>) first.",
+        )
+    return error
+
+
+def _shapes(chunks: object) -> str | None:
+    if not isinstance(chunks, (list, tuple)):
+        return None
+    try:
+        return ", ".join(str(list(t.shape)) for t in chunks)  # type: ignore[attr-defined]
+    except Exception:
+        return None
+
+
+def _mesh_size(mesh: object) -> int | None:
+    try:
+        return int(mesh.mesh.numel())  # type: ignore[attr-defined]
+    except Exception:
+        return None

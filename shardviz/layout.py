@@ -1,0 +1,334 @@
+"""Per-rank shard geometry as plain data, computed without a process group.
+
+``Layout`` answers "which rank holds which elements" for a global shape, a mesh shape and
+placements. It is a pure function so that a 512-rank mesh takes milliseconds instead of a
+simulation, and so that views never need torch. Shards are applied left to right over the mesh
+dims, following ``torch.chunk`` semantics (DTensor's own convention), so uneven and empty shards
+come out exactly as DTensor makes them; ``_StridedShard`` produces non-contiguous indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import mesh as _mesh
+from .placement import Placement, normalize
+
+# An index set along one tensor dim: sorted, disjoint, non-empty (start, stop) runs.
+Runs = list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """What one rank holds: its mesh coordinate and the global elements of its local tensor."""
+
+    rank: int
+    coord: tuple[int, ...]
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+    indices: tuple[tuple[range, ...], ...]
+    partial: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return 0 in self.shape
+
+    @property
+    def contiguous(self) -> bool:
+        return all(len(r) <= 1 for r in self.indices)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The geometry of a distributed tensor: one ShardInfo per rank of the mesh."""
+
+    global_shape: tuple[int, ...]
+    dtype: str
+    mesh_shape: tuple[int, ...]
+    mesh_dim_names: tuple[str, ...] | None
+    placements: tuple[str, ...]
+    shards: tuple[ShardInfo, ...]
+    mesh_ranks: tuple[int, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return len(self.shards)
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(s.rank for s in self.shards)
+
+    def shard(self, rank: int) -> ShardInfo:
+        for s in self.shards:
+            if s.rank == rank:
+                return s
+        raise KeyError(f"rank {rank} is not on this layout's mesh (ranks {self.ranks[0]}..{self.ranks[-1]})")
+
+    def dim_name(self, mesh_dim: int) -> str:
+        if self.mesh_dim_names:
+            return self.mesh_dim_names[mesh_dim]
+        return f"mesh dim {mesh_dim}"
+
+    def owners(self, index: Sequence[int]) -> list[int]:
+        """Ranks whose local tensor holds the global element at ``index``."""
+        out = []
+        for s in self.shards:
+            if all(any(i in r for r in runs) for i, runs in zip(index, s.indices, strict=True)):
+                out.append(s.rank)
+        return out
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        return iter(self.shards)
+
+    def __str__(self) -> str:
+        return _table(self)
+
+    def __repr__(self) -> str:
+        names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        return (
+            f"Layout(global_shape={self.global_shape}, dtype={self.dtype!r}, mesh_shape={self.mesh_shape}"
+            f"{names}, placements={list(self.placements)})"
+        )
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (ranges as [start, stop, step] triples)."""
+        return {
+            "global_shape": list(self.global_shape),
+            "dtype": self.dtype,
+            "mesh_shape": list(self.mesh_shape),
+            "mesh_dim_names": list(self.mesh_dim_names) if self.mesh_dim_names else None,
+            "mesh_ranks": list(self.mesh_ranks),
+            "placements": list(self.placements),
+            "shards": [
+                {
+                    "rank": s.rank,
+                    "coord": list(s.coord),
+                    "offset": list(s.offset),
+                    "shape": list(s.shape),
+                    "indices": [[[r.start, r.stop, r.step] for r in runs] for runs in s.indices],
+                    "partial": s.partial,
+                }
+                for s in self.shards
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Layout:
+        shards = tuple(
+            ShardInfo(
+                rank=int(s["rank"]),
+                coord=tuple(s["coord"]),
+                offset=tuple(s["offset"]),
+                shape=tuple(s["shape"]),
+                indices=tuple(tuple(range(*r) for r in runs) for runs in s["indices"]),
+                partial=bool(s["partial"]),
+            )
+            for s in d["shards"]
+        )
+        names = d.get("mesh_dim_names")
+        return cls(
+            global_shape=tuple(d["global_shape"]),
+            dtype=str(d["dtype"]),
+            mesh_shape=tuple(d["mesh_shape"]),
+            mesh_dim_names=tuple(names) if names else None,
+            placements=tuple(d["placements"]),
+            shards=shards,
+            mesh_ranks=tuple(d.get("mesh_ranks") or (s.rank for s in shards)),
+        )
+
+
+def _length(runs: Runs) -> int:
+    return sum(b - a for a, b in runs)
+
+
+def _slice(runs: Runs, start: int, stop: int) -> Runs:
+    """Positions [start, stop) of the index sequence that ``runs`` describes."""
+    out: Runs = []
+    pos = 0
+    for a, b in runs:
+        n = b - a
+        lo, hi = max(start - pos, 0), min(stop - pos, n)
+        if lo < hi:
+            out.append((a + lo, a + hi))
+        pos += n
+        if pos >= stop:
+            break
+    return out
+
+
+def _chunk(runs: Runs, n: int, i: int) -> Runs:
+    """Chunk ``i`` of ``n`` as ``torch.chunk`` cuts it (missing trailing chunks are empty)."""
+    length = _length(runs)
+    size = -(-length // n)
+    start = min(i * size, length)
+    return _slice(runs, start, min(start + size, length))
+
+
+def _merge(runs: Runs) -> Runs:
+    out: Runs = []
+    for a, b in runs:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _split(runs: Runs, p: Placement, n: int, i: int) -> Runs:
+    if p.kind == "shard":
+        return _chunk(runs, n, i)
+    # _StridedShard: first split into split_factor pieces, then each piece into n; this rank
+    # keeps its chunk of every piece, concatenated.
+    pieces = [_chunk(runs, p.split_factor, j) for j in range(p.split_factor)]
+    return _merge([r for piece in pieces for r in _chunk(piece, n, i)])
+
+
+def compute(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[str | Placement],
+    mesh_dim_names: Sequence[str] | None = None,
+    *,
+    dtype: str = "float32",
+    mesh_ranks: Sequence[int] | None = None,
+    shard_order: dict[int, Sequence[int]] | None = None,
+) -> Layout:
+    """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``.
+
+    ``shard_order`` maps a tensor dim to the order its mesh dims are applied in, for DTensors
+    whose spec records a non-default order; by default mesh dims apply left to right.
+    """
+    shape = _check_shape(global_shape)
+    mshape = _mesh.check_mesh_shape(mesh_shape)
+    names = _check_names(mesh_dim_names, len(mshape))
+    pls = normalize(placements, len(shape), len(mshape))
+    nranks = _mesh.size(mshape)
+    if mesh_ranks is None:
+        ranks = tuple(range(nranks))
+    else:
+        ranks = tuple(int(r) for r in mesh_ranks)
+        if len(ranks) != nranks:
+            raise ValueError(f"mesh_ranks has {len(ranks)} ranks for a mesh of {nranks}")
+
+    # Which mesh dims split each tensor dim, in application order.
+    order: dict[int, list[int]] = {}
+    for m, p in enumerate(pls):
+        if p.is_shard:
+            assert p.dim is not None
+            order.setdefault(p.dim, []).append(m)
+    if shard_order:
+        for d, mesh_dims in shard_order.items():
+            if sorted(mesh_dims) != sorted(order.get(d, [])):
+                raise ValueError(
+                    f"shard_order for dim {d} names mesh dims {list(mesh_dims)}, "
+                    f"but the placements shard it over {order.get(d, [])}"
+                )
+            order[d] = list(mesh_dims)
+    is_partial = any(p.kind == "partial" for p in pls)
+
+    shards = []
+    for rank, coord in zip(ranks, _mesh.coords(mshape), strict=True):
+        offset, local, indices = [], [], []
+        for d, n in enumerate(shape):
+            runs: Runs = [(0, n)] if n else []
+            for m in order.get(d, ()):
+                runs = _split(runs, pls[m], mshape[m], coord[m])
+            length = _length(runs)
+            local.append(length)
+            offset.append(runs[0][0] if runs else n)
+            indices.append(tuple(range(a, b) for a, b in runs))
+        shards.append(
+            ShardInfo(
+                rank=rank,
+                coord=coord,
+                offset=tuple(offset),
+                shape=tuple(local),
+                indices=tuple(indices),
+                partial=is_partial,
+            )
+        )
+    return Layout(
+        global_shape=shape,
+        dtype=dtype,
+        mesh_shape=mshape,
+        mesh_dim_names=names,
+        placements=tuple(str(p) for p in pls),
+        shards=tuple(shards),
+        mesh_ranks=ranks,
+    )
+
+
+def _check_shape(shape: object) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"shape must be a tuple of ints, not {type(shape).__name__}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
+            raise ValueError(f"shape {dims}: every dim must be a non-negative int")
+    return tuple(int(d) for d in dims)
+
+
+def _check_names(names: Sequence[str] | None, ndim: int) -> tuple[str, ...] | None:
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = (names,)
+    out = tuple(names)
+    if len(out) != ndim or not all(isinstance(n, str) and n for n in out):
+        raise ValueError(f"mesh_dim_names {out!r}: give {ndim} non-empty string(s), one per mesh dim")
+    if len(set(out)) != len(out):
+        raise ValueError(f"mesh_dim_names {out!r} repeat a name: each mesh dim needs its own")
+    return out
+
+
+def _fmt_runs(runs: tuple[range, ...]) -> str:
+    if not runs:
+        return "-"
+    return ",".join(f"{r.start}:{r.stop}" for r in runs)
+
+
+def _table(layout: Layout) -> str:
+    names = f" {layout.mesh_dim_names}" if layout.mesh_dim_names else ""
+    head = (
+        f"Layout {layout.global_shape} {layout.dtype} on mesh {layout.mesh_shape}{names} "
+        f"placements [{', '.join(layout.placements)}]"
+    )
+    rows = [("rank", "coord", "offset", "shape", "indices", "")]
+    for s in layout.shards:
+        notes = []
+        if s.partial:
+            notes.append("partial")
+        if s.empty:
+            notes.append("empty")
+        if not s.contiguous:
+            notes.append("strided")
+        rows.append(
+            (
+                str(s.rank),
+                str(s.coord),
+                str(s.offset) if not s.empty else "-",
+                str(s.shape),
+                "[" + ", ".join(_fmt_runs(r) for r in s.indices) + "]",
+                " ".join(notes),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [head]
+    for r in rows:
+        cells = [r[0].rjust(widths[0])] + [c.ljust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

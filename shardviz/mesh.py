@@ -1,0 +1,62 @@
+"""Mesh arithmetic on plain tuples: coordinates, ranks and the groups of each mesh dim.
+
+Pure functions, so geometry and trace analysis work for any mesh size without a process group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import product
+
+
+def check_mesh_shape(mesh_shape: object) -> tuple[int, ...]:
+    """Validate a mesh shape given as an int or a sequence of positive ints."""
+    if isinstance(mesh_shape, int):
+        mesh_shape = (mesh_shape,)
+    try:
+        dims = tuple(mesh_shape)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"mesh_shape must be a tuple of ints, not {type(mesh_shape).__name__}") from None
+    if not dims:
+        raise ValueError("mesh_shape is empty: a mesh needs at least one dimension")
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+            raise ValueError(f"mesh_shape {dims}: every mesh dim must be a positive int")
+    return dims
+
+
+def coords(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
+    """All mesh coordinates in row-major order (the order of ranks in a default mesh)."""
+    return list(product(*(range(n) for n in mesh_shape)))
+
+
+def size(mesh_shape: Sequence[int]) -> int:
+    return math.prod(mesh_shape)
+
+
+def dim_groups(mesh_shape: Sequence[int], dim: int, ranks: Sequence[int] | None = None) -> list[list[int]]:
+    """Every group of ranks that communicates along mesh dim ``dim``, sorted.
+
+    On a (4, 2) mesh, dim 1 gives ``[[0, 1], [2, 3], [4, 5], [6, 7]]`` and dim 0 gives
+    ``[[0, 2, 4, 6], [1, 3, 5, 7]]``.
+    """
+    flat = list(ranks) if ranks is not None else list(range(size(mesh_shape)))
+    strides = [math.prod(mesh_shape[i + 1 :]) for i in range(len(mesh_shape))]
+    groups = []
+    others = [range(n) if i != dim else range(1) for i, n in enumerate(mesh_shape)]
+    for base in product(*others):
+        start = sum(c * s for c, s in zip(base, strides, strict=True))
+        groups.append(sorted(flat[start + k * strides[dim]] for k in range(mesh_shape[dim])))
+    return sorted(groups)
+
+
+def match_dim(
+    groups: Sequence[Sequence[int]], mesh_shape: Sequence[int], ranks: Sequence[int] | None = None
+) -> int | None:
+    """The mesh dim whose groups are exactly ``groups``, or None."""
+    want = sorted(sorted(g) for g in groups)
+    for d in range(len(mesh_shape)):
+        if dim_groups(mesh_shape, d, ranks) == want:
+            return d
+    return None

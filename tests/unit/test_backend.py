@@ -1,0 +1,158 @@
+"""The local backend: sv.use / restart / device_type / record leave no mode behind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import shardviz as sv
+from shardviz import _torch, backends
+from shardviz.errors import BackendError, WorldSizeError
+
+
+def no_modes_left():
+    return _torch.active_local_mode() is None and _torch.dispatch_mode_stack() == []
+
+
+def test_use_sets_up_a_fake_group_and_no_mode():
+    sv.use("local", world_size=4)
+    assert dist.is_initialized() and dist.get_backend() == "fake" and dist.get_world_size() == 4
+    assert no_modes_left()
+    assert type(torch.ones(2)) is torch.Tensor
+
+
+def test_same_arguments_are_a_no_op_other_arguments_rebuild():
+    sv.use("local", world_size=4)
+    before = backends.current()
+    sv.use("local", world_size=4)
+    assert backends.current() is before
+    sv.use("local", world_size=2)
+    assert backends.current() is not before and dist.get_world_size() == 2
+    sv.use("local", world_size=4)
+
+
+def test_default_is_local_4():
+    backends.current().close()
+    backends._current = None
+    assert sv.device_type() == "cpu"
+    assert backends.current().key() == ("local", 4)
+
+
+def test_restart_rebuilds_same_size():
+    sv.use("local", world_size=3)
+    old = backends.current()
+    sv.restart()
+    assert backends.current() is not old and backends.current().world_size == 3
+    assert dist.get_world_size() == 3
+    sv.use("local", world_size=4)
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (("tpu", 4), ValueError, "unknown backend"),
+        (("local", 0), ValueError, "positive int"),
+        (("local", "4"), ValueError, "positive int"),
+        ((3,), ValueError, "unknown backend"),
+    ],
+)
+def test_bad_use_arguments(args, error, match):
+    with pytest.raises(error, match=match):
+        sv.use(*args)
+
+
+def test_local_rejects_options():
+    with pytest.raises(TypeError, match="takes no options"):
+        sv.use("local", world_size=2, profile="x")
+
+
+def test_record_simulates_and_leaves_nothing_behind():
+    sv.use("local", world_size=4)
+    with sv.record():
+        x = torch.ones(2)
+        assert isinstance(x, _torch.LocalTensor)
+        assert set(_torch.local_tensors(x)) == {0, 1, 2, 3}
+    assert no_modes_left()
+    assert type(torch.ones(2)) is torch.Tensor
+
+
+def test_record_leaves_nothing_behind_when_the_body_raises():
+    sv.use("local", world_size=4)
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), sv.record():
+        torch.ones(2)
+        raise Boom("inside")
+    assert no_modes_left()
+
+
+def test_dtensors_stay_usable_in_later_blocks():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+    with sv.record():
+        full = dt.full_tensor()
+    assert torch.equal(full.reconcile(), torch.arange(8.0))
+
+
+def test_mesh_smaller_than_world_is_explained():
+    sv.use("local", world_size=4)
+    with pytest.raises(AssertionError, match=r"covers 2 ranks, but the simulation runs 4") as e, sv.record():
+        mesh = init_device_mesh("cpu", (2,))
+        distribute_tensor(torch.arange(4.0), mesh, [Shard(0)])
+    assert "sv.use('local', world_size=2)" in str(e.value)
+    assert no_modes_left()
+
+
+def test_mesh_larger_than_world_is_explained():
+    sv.use("local", world_size=4)
+    with pytest.raises(RuntimeError, match=r"sv.use\('local', world_size=<mesh size>\)"), sv.record():
+        init_device_mesh("cpu", (8,))
+    assert no_modes_left()
+
+
+def test_uneven_3d_scatter_bug_is_explained():
+    # engine notes, pitfall 4: 7x5x3 as [S1, S0, S0] on (2, 3, 4) fails inside torch.
+    sv.use("local", world_size=24)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 3, 4))
+    x = torch.arange(105.0).reshape(7, 5, 3)
+    with pytest.raises(AssertionError, match="src_data_rank=None"), sv.record():
+        distribute_tensor(x, mesh, [Shard(1), Shard(0), Shard(0)])
+    # The way out the message names works and gives the pure geometry's shards.
+    with sv.record():
+        dt = distribute_tensor(x, mesh, [Shard(1), Shard(0), Shard(0)], src_data_rank=None)
+    lay = sv.layout(dt)
+    assert lay == sv.layout((7, 5, 3), (2, 3, 4), ["S(1)", "S(0)", "S(0)"])
+    locals_ = _torch.local_tensors(dt._local_tensor)
+    assert {r: tuple(t.shape) for r, t in locals_.items()} == {s.rank: s.shape for s in lay.shards}
+    sv.use("local", world_size=4)
+
+
+def test_an_inner_mode_of_another_size_is_refused():
+    sv.use("local", world_size=4)
+    with pytest.raises(WorldSizeError, match="silently skip ranks"), _torch.LocalTensorMode(3), sv.record():
+        pass
+    assert no_modes_left()
+
+
+def test_foreign_process_group_is_not_clobbered():
+    sv.use("local", world_size=4)
+    backends.current().close()
+    backends._current = None
+    dist.init_process_group("fake", rank=0, world_size=3)
+    try:
+        with pytest.raises(BackendError, match="already initialized"):
+            sv.use("local", world_size=4)
+        sv.use("local", world_size=3)  # a matching fake group is adopted
+        assert dist.get_world_size() == 3
+    finally:
+        backends._current = None
+        dist.destroy_process_group()
+    sv.use("local", world_size=4)
