@@ -13,21 +13,40 @@ from .backends import use as _use
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .placement import Placement
-from .record import record
+from .record import last_trace, per_rank, record, run
+from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
+from .trace import load as _load
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CollectiveEvent",
+    "Event",
     "Layout",
+    "OpEvent",
     "Placement",
+    "RedistributeEvent",
     "ShardInfo",
+    "Source",
+    "TensorSnapshot",
+    "Trace",
     "__version__",
     "device_type",
+    "last_trace",
     "layout",
+    "load",
+    "load_ipython_extension",
+    "per_rank",
     "record",
     "restart",
+    "run",
     "use",
 ]
+
+
+def load(path: Any) -> Trace:
+    """Open a trace written by ``trace.save(path)``; plain JSON and numpy arrays, no pickle."""
+    return _load(path)
 
 
 def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:
@@ -71,3 +90,10 @@ def layout(
             'sv.layout((10, 3), (4,), ["S(0)"]); or pass a DTensor'
         )
     return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext shardviz``: registers ``%shardviz`` and ``%%spmd``."""
+    from .magics import load_ipython_extension as _load_magics
+
+    _load_magics(ipython)

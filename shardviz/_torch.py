@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -79,7 +80,18 @@ StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
 TorchDispatchMode = _private["TorchDispatchMode"]
 
+from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+
+__all__ = [
+    "DTensor",
+    "DebugMode",
+    "DeviceMesh",
+    "LocalIntNode",
+    "LocalTensor",
+    "LocalTensorMode",
+    "StridedShard",
+]
 
 
 def active_local_mode() -> Any:
@@ -141,12 +153,24 @@ def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
     return tuple(str(placement_to_plain(p)) for p in placements)
 
 
-def mesh_info(mesh: Any) -> tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]:
-    """(mesh shape, dim names, ranks in row-major order) of a DeviceMesh, without the mode."""
+MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
+_mesh_infos: weakref.WeakKeyDictionary[Any, MeshInfo] = weakref.WeakKeyDictionary()
+
+
+def mesh_info(mesh: Any) -> MeshInfo:
+    """(mesh shape, dim names, ranks in row-major order) of a DeviceMesh; cached per mesh, since
+    reading the mesh tensor under the simulation costs milliseconds."""
+    try:
+        return _mesh_infos[mesh]
+    except (KeyError, TypeError):
+        pass
     with no_dispatch():
         ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
     names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
-    return tuple(int(s) for s in mesh.mesh.shape), names, ranks
+    info = (tuple(int(s) for s in mesh.mesh.shape), names, ranks)
+    with contextlib.suppress(TypeError):
+        _mesh_infos[mesh] = info
+    return info
 
 
 def dtensor_geometry(dt: Any) -> dict[str, Any]:
@@ -172,21 +196,28 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _process_group(group: Any) -> Any:
+    if isinstance(group, str):
+        return _private["resolve_process_group"](group)
+    if isinstance(group, torch.ScriptObject):
+        return dist.ProcessGroup.unbox(group)
+    return group
+
+
+def process_group_key(group: Any) -> str:
+    """A stable name for a process group (c10d ops get short-lived boxed objects, not the group)."""
+    if isinstance(group, str):
+        return group
+    return str(_process_group(group).group_name)
+
+
 def process_group_ranks(group: Any) -> list[int]:
     """Global ranks of a process group given as a ProcessGroup, a boxed one, or a group name."""
-    if isinstance(group, str):
-        group = _private["resolve_process_group"](group)
-    elif isinstance(group, torch.ScriptObject):
-        group = dist.ProcessGroup.unbox(group)
-    return list(dist.get_process_group_ranks(group))
+    return list(dist.get_process_group_ranks(_process_group(group)))
 
 
 def process_group_desc(group: Any) -> str:
-    if isinstance(group, str):
-        group = _private["resolve_process_group"](group)
-    elif isinstance(group, torch.ScriptObject):
-        group = dist.ProcessGroup.unbox(group)
-    return str(getattr(group, "group_desc", "") or "")
+    return str(getattr(_process_group(group), "group_desc", "") or "")
 
 
 def debug_mode_counter(delta: int) -> None:
@@ -195,3 +226,91 @@ def debug_mode_counter(delta: int) -> None:
     DTensor reports redistributes only when this module-level counter is non-zero.
     """
     _private["debug_mode_module"]._ACTIVE_DEBUG_MODE_COUNT += delta
+
+
+def in_backward() -> bool:
+    """True while the autograd engine runs a backward pass."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def reduce_op_name(op: Any) -> str:
+    """Name of a c10d ReduceOp given boxed (as c10d ops receive it) or plain, e.g. ``"SUM"``."""
+    kind = op.op() if isinstance(op, torch.ScriptObject) else getattr(op, "op", op)
+    if isinstance(kind, int) and not isinstance(kind, dist.ReduceOp.RedOpType):
+        kind = dist.ReduceOp.RedOpType(kind)
+    return str(getattr(kind, "name", kind)).split(".")[-1]
+
+
+def symint_at_rank(value: Any, rank: int) -> int:
+    """One rank's value of a per-rank SymInt made by LocalTensorMode (a plain int elsewhere)."""
+    node = getattr(value, "node", None)
+    local = getattr(node, "_local_ints", None)
+    if local is not None:
+        return int(local[rank])
+    return int(value)
+
+
+def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
+    return LocalTensor(per_rank)
+
+
+class ModuleStack:
+    """Which nn.Module is running, forward or backward, as an ordered stack of qualified names.
+
+    Built on torch's ModTracker (global module hooks plus multi-grad hooks for backward), which
+    keeps only an unordered set; the stack gives the innermost module. A module leaves the stack
+    from a forward hook of its own, registered after the module's existing hooks, so that what
+    tensor-parallel output hooks communicate is attributed to the module that produced it.
+    """
+
+    def __init__(self) -> None:
+        from torch.distributed._tools.mod_tracker import ModTracker
+
+        self._tracker = ModTracker()
+        self._stack: list[str] = []
+        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._handles: list[Any] = []
+        self._tracker.register_user_hooks(
+            pre_fw_hook=self._enter_forward,
+            pre_bw_hook=lambda mod, grad: self._push(mod),
+            post_bw_hook=lambda mod, grad: self._pop(mod),
+        )
+
+    def _name(self, mod: Any) -> str:
+        if mod is None:
+            return "?"
+        return self._tracker.get_known_fqn(mod) or type(mod).__name__
+
+    def _enter_forward(self, mod: Any, inputs: Any) -> None:
+        if mod not in self._hooked:
+            self._hooked.add(mod)
+            self._handles.append(mod.register_forward_hook(self._leave_forward, always_call=True))
+        self._push(mod)
+
+    def _leave_forward(self, mod: Any, inputs: Any, output: Any) -> None:
+        self._pop(mod)
+
+    def _push(self, mod: Any) -> None:
+        self._stack.append(self._name(mod))
+
+    def _pop(self, mod: Any) -> None:
+        name = self._name(mod)
+        for i in range(len(self._stack) - 1, -1, -1):
+            if self._stack[i] == name:
+                del self._stack[i]
+                return
+
+    def current(self) -> str | None:
+        return self._stack[-1] if self._stack else None
+
+    def __enter__(self) -> ModuleStack:
+        self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tracker.__exit__(*exc)
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._hooked = weakref.WeakSet()
+        self._stack.clear()

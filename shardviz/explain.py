@@ -59,6 +59,24 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
                     "the global tensor itself: the same shards, no scatter recorded), or pick a shape "
                     "that divides evenly over the mesh.",
                 )
+    files = [f for f, _, _ in frames]
+    if any("/torch/distributed/fsdp/" in f for f in files):
+        return explain(
+            error,
+            "shardviz: FSDP2 (fully_shard) does not run under LocalTensorMode in torch 2.13: it frees "
+            "and re-allocates parameter storage in ways the simulated tensors do not support. Run FSDP2 "
+            "on real process groups (sv.use('gloo', world_size=N), then a %%spmd cell). In the simulator, "
+            "show what fully_shard does with DTensor itself: each parameter becomes "
+            "distribute_tensor(param, mesh, [Shard(0)]) and is all-gathered before use.",
+        )
+    if any("/torch/_dynamo/" in f or "/torch/_inductor/" in f for f in files):
+        return explain(
+            error,
+            "shardviz: torch.compile of DTensor code is not supported under the simulation in torch "
+            "2.13 (LocalTensorMode): compiled graphs cannot trace the per-rank tensors reliably. Run the "
+            "function eagerly inside sv.record() / %%spmd (drop torch.compile there), or compile it on "
+            "real ranks: sv.use('gloo', world_size=N).",
+        )
     if isinstance(error, RuntimeError) and "Mesh should not be bigger than default world size" in msg:
         return explain(
             error,

@@ -60,3 +60,26 @@ def match_dim(
         if dim_groups(mesh_shape, d, ranks) == want:
             return d
     return None
+
+
+def tile_groups(group: Sequence[int], world_size: int) -> list[list[int]]:
+    """Every group that runs a collective at once, from the group one rank passed.
+
+    SPMD code on every rank names "its" group; the simulation sees rank 0's. The others are the
+    same pattern shifted to each rank not yet covered (how LocalTensorMode runs it too). A group
+    whose shifts do not tile the world is returned alone.
+    """
+    first = sorted(int(r) for r in group)
+    if not first:
+        return []
+    rel = [r - first[0] for r in first]
+    remaining = set(range(world_size))
+    out: list[list[int]] = []
+    while remaining:
+        start = min(remaining)
+        g = [start + r for r in rel]
+        if not all(r in remaining for r in g):
+            return [first]
+        out.append(g)
+        remaining.difference_update(g)
+    return out

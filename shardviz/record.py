@@ -1,26 +1,104 @@
-"""Entering the simulation: ``record()`` runs its body as SPMD ranks on the local backend."""
+"""Running SPMD code and recording it: ``record()``, ``run()``, ``per_rank()``, ``last_trace()``."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from . import backends
+import torch
+
+from . import _torch, backends
 from .errors import BackendError
 from .explain import explain_simulation_error
+from .recorder import Recorder, ValueBudget, split_per_rank
+from .trace import DEFAULT_VALUE_BUDGET, Trace
+
+_last: Trace | None = None
 
 
-@contextlib.contextmanager
-def record() -> Iterator[None]:
-    """Run the body under the local backend's simulation; no mode is left behind, even on error."""
+def last_trace() -> Trace | None:
+    """The trace of the last ``record()`` block, ``run()`` or ``%%spmd`` cell."""
+    return _last
+
+
+def _set_last(trace: Trace) -> None:
+    global _last
+    _last = trace
+
+
+def _local() -> Any:
     backend = backends.current()
     if backend.name != "local":
         raise BackendError(
-            f"record() runs code in this process, which the {backend.name!r} backend cannot do; "
-            "use sv.run(fn) or a %%spmd cell, or switch with sv.use('local')"
+            f"record() runs code in this process, which the {backend.name!r} backend cannot do; use "
+            "sv.run(fn) or a %%spmd cell, or switch back with sv.use('local')"
         )
+    return backend
+
+
+@contextlib.contextmanager
+def record(values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
+    """Run the body as SPMD ranks on the local backend and record what it communicates.
+
+    ``values`` is the value policy: ``"all"``, ``"none"`` or a byte budget for the values of all
+    snapshots in this trace (default 64 MiB); past the budget, snapshots keep shape and dtype only.
+    The trace's events are filled in when the block ends. No dispatch mode outlives the block,
+    even when the body raises; the error keeps its type.
+    """
+    ValueBudget(values)  # validate before entering anything
+    backend = _local()
+    trace = Trace(backend.world_size, "local", values)
+    recorder = Recorder(trace, backend.world_size, values)
     try:
-        with backend.simulate():  # type: ignore[attr-defined]
-            yield None
+        with backend.simulate(), recorder:
+            yield trace
     except BaseException as e:
+        trace.complete = False
         raise explain_simulation_error(e, backend.world_size) from None
+    finally:
+        recorder.finish()
+        _set_last(trace)
+
+
+def run(fn: Callable[..., Any], *args: Any, values: str | int = DEFAULT_VALUE_BUDGET, **kwargs: Any) -> Trace:
+    """Run ``fn(*args, **kwargs)`` on every rank and return the Trace; ``trace.results[rank]`` is
+    what ``fn`` returned on that rank (a DTensor's local shard, a LocalTensor's per-rank tensor)."""
+    if not callable(fn):
+        raise TypeError(f"sv.run needs a callable, got {type(fn).__name__}")
+    backend = backends.current()
+    if backend.name != "local":
+        return backend.run(fn, args, kwargs, values=values)  # type: ignore[attr-defined]
+    with record(values) as trace:
+        result = fn(*args, **kwargs)
+        trace.results = split_per_rank(result, range(backend.world_size))
+    return trace
+
+
+def per_rank(fn: Callable[[int], Any]) -> Any:
+    """A tensor whose value on each rank is ``fn(rank)``: for rank-dependent code.
+
+    In the simulator ``dist.get_rank()`` is 0 on every rank, so ``x.chunk(n)[dist.get_rank()]``
+    gives every rank chunk 0; ``sv.per_rank(lambda r: x.chunk(n)[r])`` gives each rank its own.
+    ``fn`` runs once per rank on plain tensors.
+    """
+    if not callable(fn):
+        raise TypeError(f"sv.per_rank needs a callable taking the rank, got {type(fn).__name__}")
+    backend = backends.current()
+    if backend.name != "local":
+        return backend.per_rank(fn)  # type: ignore[attr-defined]
+    values = {}
+    with _torch.no_dispatch():
+        for r in range(backend.world_size):
+            v = fn(r)
+            if not isinstance(v, torch.Tensor):
+                raise TypeError(
+                    f"sv.per_rank: fn({r}) returned a {type(v).__name__}; it must return a tensor per rank"
+                )
+            if _torch.is_local_tensor(v) or _torch.is_dtensor(v):
+                raise TypeError(
+                    f"sv.per_rank: fn({r}) returned a {type(v).__name__}; return one rank's plain tensor "
+                    "(fn runs once per rank)"
+                )
+            values[r] = v.detach().clone()
+    return _torch.new_local_tensor(values)

@@ -1,0 +1,727 @@
+"""The Recorder: a dispatch mode on top of LocalTensorMode that turns collectives into events.
+
+It sees every aten op the simulation runs, so the common path (a local, non-collective op)
+is one dict lookup and one tuple membership test before handing the op on. Collectives are
+snapshotted per rank before and after; DTensor operators and redistributes become enclosing
+events. It derives from DebugMode only so that DTensor reports redistributes to it (source and
+target placements, the plan string); none of DebugMode's own logging runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _torch
+from . import mesh as _mesh
+from .errors import ShardvizError
+from .layout import Layout
+from .layout import compute as compute_layout
+from .trace import (
+    CollectiveEvent,
+    Event,
+    OpEvent,
+    RedistributeEvent,
+    Source,
+    Summary,
+    TensorSnapshot,
+    Trace,
+)
+
+
+class PlainTensorCollectiveError(ShardvizError, RuntimeError):
+    """A collective under the simulation got only plain tensors: the fake group would skip it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """How to read one collective op's arguments."""
+
+    op: str
+    inputs: str | None
+    outputs: str | None  # an argument name, or "return"
+    root: str | None = None
+    reduce: bool = False
+    group: str = "process_group"
+
+
+def _c10d(op: str, inputs: str | None, outputs: str | None, **kw: Any) -> _Spec:
+    return _Spec(op, inputs, outputs, **kw)
+
+
+def _func(op: str, inputs: str, outputs: str = "return", **kw: Any) -> _Spec:
+    return _Spec(op, inputs, outputs, group="group_name", **kw)
+
+
+_SPECS: dict[str, _Spec] = {
+    "c10d.allreduce_": _c10d("all_reduce", "tensors", "tensors", reduce=True),
+    "c10d.allreduce_coalesced_": _c10d("all_reduce", "tensors", "tensors", reduce=True),
+    "c10d.allgather_": _c10d("all_gather", "input_tensors", "output_tensors"),
+    "c10d._allgather_base_": _c10d("all_gather", "input_tensor", "output_tensor"),
+    "c10d.allgather_into_tensor_coalesced_": _c10d("all_gather", "inputs", "outputs"),
+    "c10d.allgather_coalesced_": _c10d("all_gather", "input_list", "output_lists"),
+    "c10d.reduce_scatter_": _c10d("reduce_scatter", "input_tensors", "output_tensors", reduce=True),
+    "c10d._reduce_scatter_base_": _c10d("reduce_scatter", "input_tensor", "output_tensor", reduce=True),
+    "c10d.reduce_scatter_tensor_coalesced_": _c10d("reduce_scatter", "inputs", "outputs", reduce=True),
+    "c10d.broadcast_": _c10d("broadcast", "tensors", "tensors", root="root_rank"),
+    "c10d.scatter_": _c10d("scatter", "input_tensors", "output_tensors", root="root_rank"),
+    "c10d.gather_": _c10d("gather", "input_tensors", "output_tensors", root="root_rank"),
+    "c10d.reduce_": _c10d("reduce", "tensors", "tensors", root="root_rank", reduce=True),
+    "c10d.alltoall_": _c10d("all_to_all", "input_tensors", "output_tensors"),
+    "c10d.alltoall_base_": _c10d("all_to_all", "input", "output"),
+    "c10d.barrier": _c10d("barrier", None, None),
+    "c10d.monitored_barrier_": _c10d("barrier", None, None),
+    "c10d.send": _c10d("send", "tensors", None, root="dst"),
+    "c10d.recv_": _c10d("recv", None, "tensors", root="src"),
+    "_c10d_functional.all_reduce": _func("all_reduce", "input", reduce=True),
+    "_c10d_functional.all_reduce_": _func("all_reduce", "input", "input", reduce=True),
+    "_c10d_functional.all_reduce_coalesced": _func("all_reduce", "inputs", reduce=True),
+    "_c10d_functional.all_reduce_coalesced_": _func("all_reduce", "inputs", "inputs", reduce=True),
+    "_c10d_functional.all_gather_into_tensor": _func("all_gather", "input"),
+    "_c10d_functional.all_gather_into_tensor_out": _func("all_gather", "input", "out"),
+    "_c10d_functional.all_gather_into_tensor_coalesced": _func("all_gather", "inputs"),
+    "_c10d_functional.reduce_scatter_tensor": _func("reduce_scatter", "input", reduce=True),
+    "_c10d_functional.reduce_scatter_tensor_out": _func("reduce_scatter", "input", "out", reduce=True),
+    "_c10d_functional.reduce_scatter_tensor_coalesced": _func("reduce_scatter", "inputs", reduce=True),
+    "_c10d_functional.all_to_all_single": _func("all_to_all", "input"),
+    "_c10d_functional.broadcast": _func("broadcast", "input", root="src"),
+    "_c10d_functional.broadcast_": _func("broadcast", "input", "input", root="src"),
+    "_dtensor.shard_dim_alltoall": _func("all_to_all", "input"),
+}
+
+
+def _resolve_specs() -> dict[Any, tuple[_Spec, str, list[str]]]:
+    """Map each collective OpOverload to (spec, impl name, argument names)."""
+    out: dict[Any, tuple[_Spec, str, list[str]]] = {}
+    for name, spec in _SPECS.items():
+        ns, op = name.split(".")
+        try:
+            packet = getattr(getattr(torch.ops, ns), op)
+        except (AttributeError, RuntimeError):
+            continue
+        for overload in packet.overloads():
+            ov = getattr(packet, overload)
+            impl = name if overload == "default" else f"{name}.{overload}"
+            out[ov] = (spec, impl, [a.name for a in ov._schema.arguments])
+    return out
+
+
+_COLLECTIVES = _resolve_specs()
+_WAIT = {
+    getattr(torch.ops._c10d_functional.wait_tensor, o)
+    for o in torch.ops._c10d_functional.wait_tensor.overloads()
+}
+
+_REDUCE_NAMES = {
+    "SUM": "sum",
+    "AVG": "avg",
+    "PRODUCT": "product",
+    "MIN": "min",
+    "MAX": "max",
+    "BAND": "band",
+    "BOR": "bor",
+    "BXOR": "bxor",
+    "PREMUL_SUM": "premul_sum",
+}
+
+# Frames from these places are library code, not the user's line.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SKIP_FILES = ("contextlib.py", "functools.py", "threading.py")
+_DTENSOR_DISPATCH = os.path.join(_TORCH_DIR, "distributed", "tensor", "_dispatch.py")
+_IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
+
+
+def _user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tuple[FrameType | None, bool]:
+    """The innermost frame outside torch and shardviz, and whether DTensor dispatch is on the way.
+
+    With ``meshes``, DeviceMeshes held by torch's frames on the way (``distribute_tensor``'s
+    ``device_mesh``, a redistribute's ``mesh``) are collected: they name the mesh dims.
+    """
+    in_dispatch = False
+    while frame is not None:
+        code = frame.f_code
+        fn = code.co_filename
+        if fn.startswith(_TORCH_DIR):
+            if fn == _DTENSOR_DISPATCH:
+                in_dispatch = True
+            if meshes is not None and ("device_mesh" in code.co_varnames or "mesh" in code.co_varnames):
+                f_locals = frame.f_locals
+                for key in ("device_mesh", "mesh"):
+                    m = f_locals.get(key)
+                    if isinstance(m, _torch.DeviceMesh):
+                        meshes.append(m)
+        elif not (fn.startswith(_OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen")):
+            return frame, in_dispatch
+        frame = frame.f_back
+    return None, in_dispatch
+
+
+def _source(frame: FrameType | None) -> Source | None:
+    if frame is None:
+        return None
+    fn = frame.f_code.co_filename
+    line = frame.f_lineno
+    text = linecache.getline(fn, line).strip()
+    if _IPYKERNEL_CELL.search(fn):
+        fn = "<cell>"
+    return Source(fn, line, text)
+
+
+class ValueBudget:
+    """The value policy: keep snapshot values until a per-trace byte budget is spent."""
+
+    def __init__(self, policy: str | int) -> None:
+        if policy == "all":
+            self.left: float = float("inf")
+        elif policy == "none":
+            self.left = 0
+        elif isinstance(policy, int) and not isinstance(policy, bool) and policy >= 0:
+            self.left = policy
+        else:
+            raise ValueError(f'values must be "all", "none" or a byte budget (an int >= 0), not {policy!r}')
+        self.exhausted_at: int | None = None
+
+        self.keeps_any = self.left > 0
+
+    def take(self, nbytes: int, event_id: int) -> bool:
+        if nbytes <= self.left:
+            self.left -= nbytes
+            return True
+        if self.exhausted_at is None and self.keeps_any:
+            self.exhausted_at = event_id
+        return False
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype in (torch.bfloat16, torch.float16) or (t.dtype.is_floating_point and t.element_size() == 1):
+        t = t.float()
+    elif t.dtype == torch.complex32:
+        t = t.to(torch.complex64)
+    elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        t = t.to(torch.int64)
+    return t.numpy().copy()
+
+
+def summarize(a: np.ndarray) -> Summary:
+    if a.size == 0:
+        return Summary(None, None, None, 0)
+    x = np.abs(a) if a.dtype.kind == "c" else a.astype(np.float64) if a.dtype.kind == "b" else a
+    nan = int(np.isnan(x).sum()) if x.dtype.kind == "f" else 0
+    if nan == x.size:
+        return Summary(None, None, None, nan)
+    if nan:
+        return Summary(float(np.nanmin(x)), float(np.nanmax(x)), float(np.nanmean(x)), nan)
+    return Summary(float(x.min()), float(x.max()), float(x.mean(dtype=np.float64)), 0)
+
+
+class Recorder(_torch.DebugMode):
+    """Records collectives, redistributes and DTensor ops of one simulated SPMD run into a Trace."""
+
+    def __init__(self, trace: Trace, world_size: int, values: str | int) -> None:
+        _torch.TorchDispatchMode.__init__(self)
+        self.trace = trace
+        self.world_size = world_size
+        self.budget = ValueBudget(values)
+        self._slots: list[Event | None] = []
+        self._stack: list[int] = []  # open redistribute / op events (provisional ids)
+        self._open: dict[int, dict[str, Any]] = {}
+        self._has_children: set[int] = set()
+        self._current_op: int | None = None
+        self._in_dtensor_op = False
+        self._group_cache: dict[Any, tuple[tuple[int, ...], ...]] = {}
+        self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
+        self._group_desc: dict[int, str] = {}
+        self._desc_cache: dict[Any, str] = {}
+        self.modules = _torch.ModuleStack()
+
+    # --- DebugMode's interface, as DTensor calls it ------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        _torch.TorchDispatchMode.__enter__(self)
+        _torch.debug_mode_counter(+1)
+        self.modules.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.modules.__exit__(*exc)
+        finally:
+            _torch.debug_mode_counter(-1)
+            _torch.TorchDispatchMode.__exit__(self, *exc)
+
+    def record_output_placements(self, output_spec: Any) -> None:
+        pass
+
+    def record_triton_kernel(self, kernel_name: str, kwargs: dict[str, Any]) -> None:
+        return None
+
+    def record_redistribute_calls(
+        self,
+        arg: Any,
+        src_placement: Any,
+        dst_placement: Any,
+        transform_info_str: str | None = None,
+        is_explicit: bool = False,
+    ) -> _RedistributeScope:
+        return _RedistributeScope(
+            self, sys._getframe(1), arg, src_placement, dst_placement, transform_info_str, is_explicit
+        )
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        entry = _COLLECTIVES.get(func)
+        if entry is None:
+            if _torch.DTensor in types:
+                if self._in_dtensor_op:
+                    return NotImplemented
+                return self._dtensor_op(func, args, kwargs or {})
+            return func(*args, **(kwargs or {}))
+        return self._collective(entry, func, args, kwargs or {})
+
+    def _reserve(self) -> int:
+        self._slots.append(None)
+        return len(self._slots) - 1
+
+    def _parent(self, in_dispatch: bool) -> int | None:
+        if self._stack:
+            return self._stack[-1]
+        if in_dispatch and self._current_op is not None:
+            return self._current_op
+        return None
+
+    def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
+        frame, in_dispatch = _user_frame(sys._getframe(2), meshes)
+        module = self.modules.current()
+        backward = _torch.in_backward()
+        phase = "backward" if backward else ("forward" if module is not None else None)
+        return _source(frame), module, phase, in_dispatch
+
+    def _dtensor_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        eid = self._reserve()
+        source, module, phase, _ = self._context()
+        flat = [a for a in _flatten((args, kwargs)) if _torch.is_dtensor(a)]
+        for a in flat:
+            self._note_mesh(a.device_mesh)
+        inputs = tuple(_torch.placements_str(a.placements) for a in flat)
+        self._current_op = eid
+        self._in_dtensor_op = True
+        _torch.TorchDispatchMode.__enter__(self)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            _torch.TorchDispatchMode.__exit__(self, None, None, None)
+            self._in_dtensor_op = False
+        outputs = tuple(_torch.placements_str(o.placements) for o in _flatten(out) if _torch.is_dtensor(o))
+        self._slots[eid] = OpEvent(
+            id=eid,
+            parent=None,
+            source=source,
+            module=module,
+            phase=phase,
+            name=_op_name(func),
+            input_placements=inputs,
+            output_placements=outputs,
+        )
+        return out
+
+    def _collective(
+        self, entry: tuple[_Spec, str, list[str]], func: Any, args: Any, kwargs: dict[str, Any]
+    ) -> Any:
+        spec, impl, names = entry
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
+        eid = self._reserve()
+        meshes: list[Any] = []
+        source, module, phase, in_dispatch = self._context(meshes)
+        for m in meshes:
+            self._note_mesh(m)
+        parent = self._parent(in_dispatch)
+
+        in_arg = bound.get(spec.inputs) if spec.inputs else None
+        out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
+        tensors = [t for t in _flatten((in_arg, out_arg)) if isinstance(t, torch.Tensor)]
+        plain = tensors and not any(_torch.is_local_tensor(t) for t in tensors)
+        if plain and not _plain_is_fine(spec, bound):
+            self._slots.pop()
+            raise _plain_tensor_error(spec.op, impl)
+        ranks = _present_ranks(tensors, self.world_size)
+        group = bound.get(spec.group)
+        gkey = _torch.process_group_key(group) if group is not None else "WORLD"
+        groups = self._groups(gkey, group, ranks)
+        nbytes = _nbytes(in_arg, ranks)
+        inputs = self._snap(in_arg, ranks, eid) if in_arg is not None else {}
+
+        out = func(*args, **kwargs)
+
+        if spec.outputs == "return":
+            out_arg = out
+        outputs = self._snap(out_arg, ranks, eid) if out_arg is not None else {}
+        root = bound.get(spec.root) if spec.root else None
+        self._group_desc[eid] = self._desc(gkey, group)
+        if parent is not None:
+            self._has_children.add(parent)
+        self._slots[eid] = CollectiveEvent(
+            id=eid,
+            parent=parent,
+            source=source,
+            module=module,
+            phase=phase,
+            op=spec.op,
+            impl=impl,
+            reduce_op=_reduce_name(bound.get("reduce_op")) if spec.reduce else None,
+            groups=groups,
+            root=_root_index(root, groups, spec.group),
+            inputs=inputs,
+            outputs=outputs,
+            nbytes=nbytes,
+        )
+        return out
+
+    # --- pieces ------------------------------------------------------------------------------
+
+    def _snap(self, arg: Any, ranks: Sequence[int], eid: int) -> dict[int, Any]:
+        """Per-rank snapshots of a tensor, a one-element list (unwrapped) or a list of tensors."""
+        items = arg
+        while isinstance(items, (list, tuple)) and len(items) == 1:
+            items = items[0]
+        listed = isinstance(items, (list, tuple))
+        tensors = list(items) if listed else [items]
+        per_tensor = [_per_rank(t, ranks) for t in tensors]
+        out: dict[int, Any] = {}
+        with _torch.no_dispatch():
+            for r in ranks:
+                snaps = [self._snapshot(pt.get(r), eid) for pt in per_tensor]
+                out[r] = snaps if listed else snaps[0]
+        return out
+
+    def _snapshot(self, t: torch.Tensor | None, eid: int) -> TensorSnapshot:
+        if t is None:
+            return TensorSnapshot((), "unknown")
+        shape = tuple(int(s) for s in t.shape)
+        dtype = _torch.dtype_name(t.dtype)
+        if t.device.type == "meta":
+            return TensorSnapshot(shape, dtype)
+        if not self.budget.take(t.numel() * t.element_size(), eid):
+            return TensorSnapshot(shape, dtype)
+        values = _numpy(t)
+        return TensorSnapshot(shape, dtype, values, summarize(values))
+
+    def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        cached = self._group_cache.get(key)
+        if cached is None:
+            try:
+                first = (
+                    _torch.process_group_ranks(group) if group is not None else list(range(self.world_size))
+                )
+            except Exception:
+                first = list(range(self.world_size))
+            cached = tuple(tuple(g) for g in _mesh.tile_groups(first, self.world_size))
+            self._group_cache[key] = cached
+        present = set(ranks)
+        return tuple(g for g in cached if all(r in present for r in g))
+
+    def _note_mesh(self, device_mesh: Any) -> None:
+        key = id(device_mesh)
+        if key not in self._meshes:
+            info = _torch.mesh_info(device_mesh)
+            self._meshes[key] = info
+            _KNOWN_MESHES[key] = info
+            self.trace.meshes.append(
+                {
+                    "mesh_shape": list(info[0]),
+                    "mesh_dim_names": list(info[1]) if info[1] else None,
+                    "ranks": list(info[2]),
+                }
+            )
+
+    def _desc(self, key: str, group: Any) -> str:
+        if key not in self._desc_cache:
+            try:
+                self._desc_cache[key] = _torch.process_group_desc(group) if group is not None else ""
+            except Exception:
+                self._desc_cache[key] = ""
+        return self._desc_cache[key]
+
+    def _mesh_dim(self, groups: tuple[tuple[int, ...], ...], desc: str) -> tuple[int | None, str | None]:
+        """The mesh dim whose groups these are: meshes of this trace first, then any seen before.
+
+        A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
+        """
+        name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
+        for shape, names, ranks in [*self._meshes.values(), *_KNOWN_MESHES.values()]:
+            if len(ranks) != sum(len(g) for g in groups):
+                continue
+            d = _mesh.match_dim(groups, shape, ranks)
+            if d is not None and (name is None or (names and names[d] == name) or name == f"dim_{d}"):
+                return d, names[d] if names else None
+        if name and not name.startswith("dim_"):
+            return None, name
+        return None, None
+
+    def finish(self) -> None:
+        """Compact the event slots into the trace: ids in execution order, no-op backward hops dropped."""
+        renumber: dict[int, int] = {}
+        kept: list[Event] = []
+        for slot in self._slots:
+            if slot is None:
+                continue
+            if (
+                isinstance(slot, RedistributeEvent)
+                and slot.src == slot.dst
+                and slot.id not in self._has_children
+            ):
+                continue
+            renumber[slot.id] = len(kept)
+            kept.append(slot)
+        # Only childless redistributes are dropped, so every parent survives.
+        events = []
+        dims: dict[tuple[Any, ...], tuple[int | None, str | None]] = {}
+        for e in kept:
+            changes: dict[str, Any] = {
+                "id": renumber[e.id],
+                "parent": None if e.parent is None else renumber[e.parent],
+            }
+            if isinstance(e, CollectiveEvent):
+                key = (e.groups, self._group_desc.get(e.id, ""))
+                if key not in dims:
+                    dims[key] = self._mesh_dim(*key)
+                changes["mesh_dim"], changes["mesh_dim_name"] = dims[key]
+            events.append(dataclasses.replace(e, **changes))
+        self.trace.events = events
+        dropped_at = self.budget.exhausted_at
+        if dropped_at is not None:
+            later = [renumber[i] for i in renumber if i >= dropped_at]
+            self.trace.values_dropped_from = min(later) if later else None
+
+
+_KNOWN_MESHES: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
+
+
+class _RedistributeScope:
+    """The context DTensor enters around a redistribute; nests the implicit path's double report."""
+
+    def __init__(
+        self,
+        rec: Recorder,
+        caller: FrameType,
+        arg: Any,
+        src: Any,
+        dst: Any,
+        plan: str | None,
+        explicit: bool,
+    ) -> None:
+        self.rec = rec
+        self.caller = caller
+        self.arg = arg
+        self.src = src
+        self.dst = dst
+        self.plan = plan
+        self.explicit = explicit
+        self.eid: int | None = None
+        self.merged = False
+
+    def __enter__(self) -> None:
+        rec = self.rec
+        top = rec._stack[-1] if rec._stack else None
+        info = rec._open.get(top) if top is not None else None
+        if info is not None and info.get("implicit_outer") and not info.get("inner_seen"):
+            # The implicit path reports the same redistribute twice: fill in the outer one.
+            info["inner_seen"] = True
+            info["plan"] = self.plan or info.get("plan", "")
+            self.merged = True
+            return None
+        eid = rec._reserve()
+        source, module, phase, in_dispatch = rec._context()
+        implicit_outer = isinstance(self.arg, int)
+        parent = rec._parent(in_dispatch or implicit_outer)
+        if parent is not None:
+            rec._has_children.add(parent)
+        before, after, src, dst = _redistribute_layouts(self.caller, self.src, self.dst, rec)
+        rec._open[eid] = {
+            "implicit_outer": implicit_outer,
+            "inner_seen": False,
+            "plan": self.plan or "",
+            "base": dict(
+                id=eid,
+                parent=parent,
+                source=source,
+                module=module,
+                phase=phase,
+                src=src,
+                dst=dst,
+                explicit=bool(self.explicit) and not implicit_outer,
+                before=before,
+                after=after,
+            ),
+        }
+        rec._stack.append(eid)
+        self.eid = eid
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.merged or self.eid is None:
+            return
+        rec = self.rec
+        rec._stack.pop()
+        info = rec._open.pop(self.eid)
+        rec._slots[self.eid] = RedistributeEvent(plan=info["plan"], **info["base"])
+
+
+def _redistribute_layouts(
+    caller: FrameType, src: Any, dst: Any, rec: Recorder
+) -> tuple[Layout | None, Layout | None, tuple[str, ...], tuple[str, ...]]:
+    """Layouts before and after, from the DTensor specs in DTensor's own frame or arguments."""
+    src_spec = src if hasattr(src, "placements") else caller.f_locals.get("current_spec")
+    dst_spec = dst if hasattr(dst, "placements") else caller.f_locals.get("target_spec")
+    src_pl = _torch.placements_str(src_spec.placements if src_spec is not None else src)
+    dst_pl = _torch.placements_str(dst_spec.placements if dst_spec is not None else dst)
+    before = after = None
+    try:
+        if src_spec is not None and src_spec.tensor_meta is not None:
+            rec._note_mesh(src_spec.mesh)
+            shape, names, ranks = _torch.mesh_info(src_spec.mesh)
+            gshape = tuple(int(s) for s in src_spec.tensor_meta.shape)
+            dtype = _torch.dtype_name(src_spec.tensor_meta.dtype)
+            before = compute_layout(gshape, shape, src_pl, names, dtype=dtype, mesh_ranks=ranks)
+            after = compute_layout(gshape, shape, dst_pl, names, dtype=dtype, mesh_ranks=ranks)
+    except Exception:
+        before = after = None
+    return before, after, src_pl, dst_pl
+
+
+def _flatten(x: Any) -> list[Any]:
+    out: list[Any] = []
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        else:
+            out.append(item)
+    return out
+
+
+def _per_rank(t: Any, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
+    if not isinstance(t, torch.Tensor):
+        return {}
+    local = _torch.local_tensors(t)
+    if local is not None:
+        return local
+    return {r: t for r in ranks}
+
+
+def _present_ranks(tensors: Sequence[torch.Tensor], world_size: int) -> list[int]:
+    for t in tensors:
+        local = _torch.local_tensors(t)
+        if local is not None:
+            return sorted(local)
+    return list(range(world_size))
+
+
+def _nbytes(arg: Any, ranks: Sequence[int]) -> dict[int, int]:
+    out = dict.fromkeys(ranks, 0)
+    for t in _flatten(arg):
+        if isinstance(t, torch.Tensor):
+            for r, lt in _per_rank(t, ranks).items():
+                out[r] = out.get(r, 0) + int(lt.numel()) * lt.element_size()
+    return out
+
+
+def _reduce_name(op: Any) -> str | None:
+    if op is None:
+        return None
+    if isinstance(op, str):
+        return op.lower()
+    name = _torch.reduce_op_name(op)
+    return _REDUCE_NAMES.get(name, name.lower())
+
+
+def _root_index(root: Any, groups: tuple[tuple[int, ...], ...], group_kind: str) -> int | None:
+    """The root as an index within each group (c10d and functional ops both pass a group rank)."""
+    if root is None:
+        return None
+    return int(root)
+
+
+def _op_name(func: Any) -> str:
+    name = str(func)
+    return name.removesuffix(".default")
+
+
+def _plain_is_fine(spec: _Spec, bound: dict[str, Any]) -> bool:
+    """Collectives whose result on identical plain tensors is the input itself: the fake group's
+    no-op is then right (DTensor's Replicate path broadcasts a plain tensor, for instance)."""
+    if spec.op in ("broadcast", "barrier"):
+        return True
+    if spec.op == "all_reduce":
+        return _reduce_name(bound.get("reduce_op")) in ("max", "min", "avg", "band", "bor")
+    return False
+
+
+def _plain_tensor_error(op: str, impl: str) -> PlainTensorCollectiveError:
+    frames = []
+    f: FrameType | None = sys._getframe(2)
+    while f is not None:
+        frames.append((f.f_code.co_name, f.f_code.co_filename, f.f_locals.get("self")))
+        f = f.f_back
+    strided = any(
+        name == "_shard_tensor" and type(obj).__name__ == "_StridedShard" for name, _, obj in frames
+    )
+    msg = (
+        f"{op} ({impl}) got only plain tensors under the simulation. LocalTensorMode hands such a "
+        "collective to the fake process group, which does nothing, so its result would silently be "
+        "wrong. Make the tensors inside sv.record() / %%spmd (tensors made there hold one value per "
+        "rank), or give each rank its own: sv.per_rank(lambda rank: tensor.clone())."
+    )
+    if strided:
+        msg = (
+            "distribute_tensor with a _StridedShard placement scatters a replicated plain tensor "
+            "under the simulation; torch 2.13's LocalTensorMode then skips the scatter and every rank "
+            "would get the wrong chunk. Pass src_data_rank=None to distribute_tensor (each rank slices "
+            "the global tensor itself). Details: " + msg
+        )
+    return PlainTensorCollectiveError(msg)
+
+
+def split_per_rank(value: Any, ranks: Sequence[int]) -> dict[int, Any]:
+    """A value returned by SPMD code, as each rank would see it."""
+    return {r: _at_rank(value, r) for r in ranks}
+
+
+def _at_rank(value: Any, rank: int) -> Any:
+    if _torch.is_dtensor(value):
+        value = value._local_tensor
+    if isinstance(value, torch.Tensor):
+        local = _torch.local_tensors(value)
+        t = local[rank] if local is not None else value
+        with _torch.no_dispatch():
+            return t.detach().clone()
+    if isinstance(value, torch.SymInt):
+        return _torch.symint_at_rank(value, rank)
+    if isinstance(value, tuple):
+        return tuple(_at_rank(v, rank) for v in value)
+    if isinstance(value, list):
+        return [_at_rank(v, rank) for v in value]
+    if isinstance(value, dict):
+        return {k: _at_rank(v, rank) for k, v in value.items()}
+    return value
+
+
+Callback = Callable[..., Any]

@@ -1,0 +1,592 @@
+"""The trace: plain frozen dataclasses of what a SPMD run did, saved as JSON plus numpy arrays.
+
+A trace holds no live tensors and no torch objects, so views can read it anywhere (a notebook
+without torch, a saved file, a browser) and opening a stranger's trace runs no code: the file is
+a zip of one JSON document and ``.npy`` arrays read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import TraceFileError
+from .layout import Layout
+
+FORMAT = "shardviz-trace"
+VERSION = 1
+
+# The value policy's default budget: values of all snapshots in one trace, in bytes. Enough for
+# every teaching-size example; a model-size run keeps metadata (shapes, groups, bytes) only.
+DEFAULT_VALUE_BUDGET = 64 * 2**20
+
+COLLECTIVE_OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "scatter",
+    "gather",
+    "reduce",
+    "barrier",
+    "send",
+    "recv",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The user's line that caused an event."""
+
+    file: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """min / max / mean / NaN count of a snapshot's values (None where undefined, e.g. empty)."""
+
+    min: float | None
+    max: float | None
+    mean: float | None
+    nan: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TensorSnapshot:
+    """One rank's buffer at one moment: shape and dtype always, values within the budget."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    values: np.ndarray | None = None
+    summary: Summary | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype_size(self.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorSnapshot):
+            return NotImplemented
+        if self.shape != other.shape or self.dtype != other.dtype:
+            return False
+        if not _summary_eq(self.summary, other.summary):
+            return False
+        if (self.values is None) != (other.values is None):
+            return False
+        return self.values is None or _array_eq(self.values, other.values)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        kept = "values" if self.values is not None else "no values"
+        return f"TensorSnapshot(shape={self.shape}, dtype={self.dtype!r}, {kept})"
+
+
+def _array_eq(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _summary_eq(a: Summary | None, b: Summary | None) -> bool:
+    if a is None or b is None:
+        return a is b
+
+    def same(x: float | None, y: float | None) -> bool:
+        if x is None or y is None:
+            return x is y
+        return x == y or (math.isnan(x) and math.isnan(y))
+
+    return same(a.min, b.min) and same(a.max, b.max) and same(a.mean, b.mean) and a.nan == b.nan
+
+
+# A rank's snapshot, or a list of them for list-valued collectives (all_gather(list, t), ...).
+PerRank = dict[int, "TensorSnapshot | list[TensorSnapshot]"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Fields every event has; ``kind`` says which of the subclasses it is."""
+
+    id: int
+    kind: str
+    parent: int | None = None
+    source: Source | None = None
+    module: str | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveEvent(Event):
+    """One collective, run by every group in ``groups`` at once, with each rank's buffers."""
+
+    kind: str = "collective"
+    op: str
+    impl: str
+    reduce_op: str | None = None
+    groups: tuple[tuple[int, ...], ...] = ()
+    mesh_dim: int | None = None
+    mesh_dim_name: str | None = None
+    root: int | None = None
+    inputs: PerRank = field(default_factory=dict)
+    outputs: PerRank = field(default_factory=dict)
+    nbytes: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def group_size(self) -> int:
+        return len(self.groups[0]) if self.groups else 0
+
+    def roots(self) -> list[int]:
+        """The root's global rank in each group (``root`` is its index within a group)."""
+        if self.root is None:
+            return []
+        return [g[self.root] for g in self.groups if self.root < len(g)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RedistributeEvent(Event):
+    """A DTensor redistribute from ``src`` to ``dst`` placements; its collectives are children."""
+
+    kind: str = "redistribute"
+    src: tuple[str, ...] = ()
+    dst: tuple[str, ...] = ()
+    plan: str = ""
+    explicit: bool = True
+    before: Layout | None = None
+    after: Layout | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpEvent(Event):
+    """A DTensor operator; implicit redistributes of its inputs are its children."""
+
+    kind: str = "op"
+    name: str = ""
+    input_placements: tuple[tuple[str, ...], ...] = ()
+    output_placements: tuple[tuple[str, ...], ...] = ()
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    "collective": CollectiveEvent,
+    "redistribute": RedistributeEvent,
+    "op": OpEvent,
+}
+
+
+class Trace:
+    """What one ``record()`` / ``run()`` / ``%%spmd`` cell did, in execution order."""
+
+    def __init__(
+        self,
+        world_size: int,
+        backend: str = "local",
+        values: str | int = DEFAULT_VALUE_BUDGET,
+    ) -> None:
+        self.world_size = world_size
+        self.backend = backend
+        self.values = values
+        self.events: list[Event] = []
+        self.results: dict[int, Any] | None = None
+        self.values_dropped_from: int | None = None
+        self.meshes: list[dict[str, Any]] = []
+        self.complete = True
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __getitem__(self, i: int) -> Event:
+        return self.events[i]
+
+    def event(self, event_id: int) -> Event:
+        for e in self.events:
+            if e.id == event_id:
+                return e
+        raise KeyError(f"no event with id {event_id} in this trace")
+
+    def collectives(self) -> list[CollectiveEvent]:
+        return [e for e in self.events if isinstance(e, CollectiveEvent)]
+
+    def redistributes(self) -> list[RedistributeEvent]:
+        return [e for e in self.events if isinstance(e, RedistributeEvent)]
+
+    def ops(self) -> list[OpEvent]:
+        return [e for e in self.events if isinstance(e, OpEvent)]
+
+    def children(self, event_id: int | None) -> list[Event]:
+        return [e for e in self.events if e.parent == event_id]
+
+    def depth(self, event: Event) -> int:
+        by_id = {e.id: e for e in self.events}
+        d, p = 0, event.parent
+        while p is not None and p in by_id:
+            d, p = d + 1, by_id[p].parent
+        return d
+
+    def __str__(self) -> str:
+        from .views.text import trace_text
+
+        return trace_text(self)
+
+    def __repr__(self) -> str:
+        kinds = {k: sum(1 for e in self.events if e.kind == k) for k in EVENT_TYPES}
+        parts = ", ".join(f"{n} {k}{'s' if n != 1 else ''}" for k, n in kinds.items() if n)
+        return f"<Trace {self.backend} world_size={self.world_size}: {parts or 'no events'}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (
+            self.world_size == other.world_size
+            and self.backend == other.backend
+            and self.events == other.events
+            and _results_eq(self.results, other.results)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # --- files -------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write the trace (values and results included) as one zip of JSON and .npy files."""
+        return save(self, path)
+
+
+def dtype_size(dtype: str) -> int:
+    """Bytes per element of a torch dtype name (``"float32"``, ``"bfloat16"``, ...)."""
+    name = dtype.removeprefix("torch.")
+    sizes = {
+        "bool": 1,
+        "uint8": 1,
+        "int8": 1,
+        "float8_e4m3fn": 1,
+        "float8_e5m2": 1,
+        "float8_e4m3fnuz": 1,
+        "float8_e5m2fnuz": 1,
+        "int16": 2,
+        "uint16": 2,
+        "float16": 2,
+        "bfloat16": 2,
+        "int32": 4,
+        "uint32": 4,
+        "float32": 4,
+        "complex32": 4,
+        "int64": 8,
+        "uint64": 8,
+        "float64": 8,
+        "complex64": 8,
+        "complex128": 16,
+    }
+    return sizes.get(name, 4)
+
+
+def _results_eq(a: dict[int, Any] | None, b: dict[int, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return set(a) == set(b) and all(_value_eq(a[k], b[k]) for k in a)
+
+
+def _value_eq(x: Any, y: Any) -> bool:
+    if hasattr(x, "shape") and hasattr(y, "shape"):
+        same_dtype = str(getattr(x, "dtype", "")) == str(getattr(y, "dtype", ""))
+        return same_dtype and _array_eq(np.asarray(_to_numpy(x)), np.asarray(_to_numpy(y)))
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        same = type(x) is type(y) and len(x) == len(y)
+        return same and all(_value_eq(p, q) for p, q in zip(x, y, strict=True))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return set(x) == set(y) and all(_value_eq(x[k], y[k]) for k in x)
+    return bool(x == y)
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        return x
+    t = x.detach().cpu()
+    if str(t.dtype) in _NUMPY_LACKS:
+        t = t.float()
+    return t.numpy()
+
+
+_NUMPY_LACKS = {
+    "torch.bfloat16",
+    "torch.float8_e4m3fn",
+    "torch.float8_e5m2",
+    "torch.float8_e4m3fnuz",
+    "torch.float8_e5m2fnuz",
+    "torch.complex32",
+    "torch.uint16",
+    "torch.uint32",
+    "torch.uint64",
+}
+
+
+# --- serialisation ---------------------------------------------------------------------------
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def array(self, a: np.ndarray) -> str:
+        key = f"a{len(self.arrays)}"
+        self.arrays[key] = np.ascontiguousarray(a)
+        return key
+
+    def snapshot(self, s: TensorSnapshot) -> dict[str, Any]:
+        return {
+            "shape": list(s.shape),
+            "dtype": s.dtype,
+            "values": self.array(s.values) if s.values is not None else None,
+            "summary": _summary_json(s.summary),
+        }
+
+    def per_rank(self, d: Mapping[int, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for rank, v in d.items():
+            if isinstance(v, list):
+                out[str(rank)] = [self.snapshot(s) for s in v]
+            else:
+                out[str(rank)] = self.snapshot(v)
+        return out
+
+    def event(self, e: Event) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(e):
+            v = getattr(e, f.name)
+            if f.name in ("inputs", "outputs"):
+                out[f.name] = self.per_rank(v)
+            elif f.name == "nbytes":
+                out[f.name] = {str(k): n for k, n in v.items()}
+            elif isinstance(v, Source):
+                out[f.name] = {"file": v.file, "line": v.line, "text": v.text}
+            elif isinstance(v, Layout):
+                out[f.name] = v.to_dict()
+            elif isinstance(v, tuple):
+                out[f.name] = _jsonable_tuple(v)
+            else:
+                out[f.name] = v
+        return out
+
+
+def _jsonable_tuple(v: Any) -> Any:
+    if isinstance(v, tuple | list):
+        return [_jsonable_tuple(x) for x in v]
+    return v
+
+
+def _summary_json(s: Summary | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+
+    def num(x: float | None) -> Any:
+        if x is None:
+            return None
+        if math.isnan(x) or math.isinf(x):
+            return repr(x)  # "nan", "inf", "-inf": JSON has no literal for them
+        return x
+
+    return {"min": num(s.min), "max": num(s.max), "mean": num(s.mean), "nan": s.nan}
+
+
+def _summary_from(d: dict[str, Any] | None) -> Summary | None:
+    if d is None:
+        return None
+
+    def num(x: Any) -> float | None:
+        if x is None:
+            return None
+        return float(x)
+
+    return Summary(min=num(d["min"]), max=num(d["max"]), mean=num(d["mean"]), nan=int(d["nan"]))
+
+
+def save(trace: Trace, path: str | Path) -> Path:
+    path = Path(path)
+    w = _Writer()
+    results: dict[str, Any] | None = None
+    if trace.results is not None:
+        results = {}
+        dropped = []
+        for rank, value in trace.results.items():
+            enc = _encode_result(value, w)
+            if enc is None:
+                dropped.append(f"rank {rank}: {type(value).__name__}")
+            else:
+                results[str(rank)] = enc
+        if dropped:
+            warnings.warn(
+                "trace.save: results that are neither tensors nor JSON values are not saved ("
+                + ", ".join(dropped)
+                + ")",
+                stacklevel=3,
+            )
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "world_size": trace.world_size,
+        "backend": trace.backend,
+        "values": trace.values,
+        "values_dropped_from": trace.values_dropped_from,
+        "complete": trace.complete,
+        "meshes": trace.meshes,
+        "events": [w.event(e) for e in trace.events],
+        "results": results,
+    }
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("trace.json", json.dumps(doc, separators=(",", ":")))
+        for key, arr in w.arrays.items():
+            ab = io.BytesIO()
+            np.lib.format.write_array(ab, arr, allow_pickle=False)
+            z.writestr(f"arrays/{key}.npy", ab.getvalue())
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def _encode_result(value: Any, w: _Writer) -> dict[str, Any] | None:
+    """Tensors, JSON values, and tuples / lists / string-keyed dicts of them; None otherwise."""
+    if hasattr(value, "detach") and hasattr(value, "dtype"):
+        return {"tensor": w.array(_to_numpy(value)), "dtype": str(value.dtype).removeprefix("torch.")}
+    if isinstance(value, tuple | list):
+        items = [_encode_result(v, w) for v in value]
+        if any(i is None for i in items):
+            return None
+        return {"tuple" if isinstance(value, tuple) else "list": items}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        enc = {k: _encode_result(v, w) for k, v in value.items()}
+        if any(v is None for v in enc.values()):
+            return None
+        return {"dict": enc}
+    if value is None or isinstance(value, bool | int | float | str):
+        return {"json": value}
+    return None
+
+
+def load(path: str | Path) -> Trace:
+    """Read a trace written by ``trace.save``; no pickle, no code runs."""
+    path = Path(path)
+    try:
+        z = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise
+    except (zipfile.BadZipFile, OSError) as e:
+        raise TraceFileError(f"{path} is not a shardviz trace (not a zip archive: {e})") from None
+    with z:
+        try:
+            doc = json.loads(z.read("trace.json"))
+        except KeyError:
+            raise TraceFileError(f"{path} is not a shardviz trace (no trace.json inside)") from None
+        except (zipfile.BadZipFile, ValueError, OSError) as e:
+            raise TraceFileError(f"{path} is damaged: its trace.json cannot be read ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise TraceFileError(f"{path} is not a shardviz trace (format {doc.get('format')!r})")
+        version = doc.get("version")
+        if not isinstance(version, int) or version > VERSION:
+            raise TraceFileError(
+                f"{path} was written by a newer shardviz (trace format {version}; this shardviz reads "
+                f"up to {VERSION}): upgrade shardviz to open it"
+            )
+
+        def array(key: str) -> np.ndarray:
+            try:
+                return np.lib.format.read_array(io.BytesIO(z.read(f"arrays/{key}.npy")), allow_pickle=False)
+            except KeyError:
+                raise TraceFileError(f"{path} is damaged: array {key} is missing") from None
+            except (ValueError, zipfile.BadZipFile, OSError) as e:
+                raise TraceFileError(f"{path} is damaged: array {key} cannot be read ({e})") from None
+
+        try:
+            trace = Trace(int(doc["world_size"]), doc["backend"], doc["values"])
+            trace.values_dropped_from = doc.get("values_dropped_from")
+            trace.complete = bool(doc.get("complete", True))
+            trace.meshes = list(doc.get("meshes") or [])
+            trace.events = [_decode_event(e, array) for e in doc["events"]]
+            if doc.get("results") is not None:
+                trace.results = {int(k): _decode_result(v, array) for k, v in doc["results"].items()}
+        except TraceFileError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceFileError(f"{path} is damaged: {type(e).__name__}: {e}") from None
+    return trace
+
+
+def _decode_snapshot(d: dict[str, Any], array: Any) -> TensorSnapshot:
+    return TensorSnapshot(
+        shape=tuple(d["shape"]),
+        dtype=d["dtype"],
+        values=array(d["values"]) if d["values"] is not None else None,
+        summary=_summary_from(d["summary"]),
+    )
+
+
+def _decode_per_rank(d: dict[str, Any], array: Any) -> PerRank:
+    out: PerRank = {}
+    for k, v in d.items():
+        out[int(k)] = (
+            [_decode_snapshot(s, array) for s in v] if isinstance(v, list) else _decode_snapshot(v, array)
+        )
+    return out
+
+
+def _tuplify(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_tuplify(x) for x in v)
+    return v
+
+
+def _decode_event(d: dict[str, Any], array: Any) -> Event:
+    cls = EVENT_TYPES.get(d.get("kind", ""))
+    if cls is None:
+        raise TraceFileError(f"unknown event kind {d.get('kind')!r}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if f.name in ("inputs", "outputs"):
+            v = _decode_per_rank(v, array)
+        elif f.name == "nbytes":
+            v = {int(k): int(n) for k, n in v.items()}
+        elif f.name == "source" and v is not None:
+            v = Source(v["file"], int(v["line"]), v["text"])
+        elif f.name in ("before", "after") and v is not None:
+            v = Layout.from_dict(v)
+        elif isinstance(v, list):
+            v = _tuplify(v)
+        kwargs[f.name] = v
+    return cls(**kwargs)
+
+
+def _decode_result(d: dict[str, Any], array: Any) -> Any:
+    if "json" in d:
+        return d["json"]
+    if "tuple" in d:
+        return tuple(_decode_result(v, array) for v in d["tuple"])
+    if "list" in d:
+        return [_decode_result(v, array) for v in d["list"]]
+    if "dict" in d:
+        return {k: _decode_result(v, array) for k, v in d["dict"].items()}
+    import torch
+
+    values = array(d["tensor"])
+    dtype = getattr(torch, d["dtype"])
+    return torch.from_numpy(values.copy()).to(dtype)

@@ -1,0 +1,71 @@
+"""%load_ext shardviz, %shardviz use local N and %%spmd cells, run in a real kernel by nbclient."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+CELLS = [
+    "import shardviz as sv\n%load_ext shardviz",
+    "%shardviz use local 4",
+    (
+        "%%spmd\n"
+        "import torch\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import Shard, Replicate, distribute_tensor\n"
+        "mesh = init_device_mesh('cpu', (4,))\n"
+        "dt = distribute_tensor(torch.arange(10.0).reshape(5, 2), mesh, [Shard(0)])\n"
+        "full = dt.redistribute(mesh, [Replicate()])\n"
+        "sv.layout(dt).placements"
+    ),
+    "print(type(dt).__name__, [c.op for c in sv.last_trace().collectives()])",
+    "%%spmd --values=none\nfull.to_local() * 2;",
+    "print(sv.last_trace().events == [], type(torch.ones(1)).__name__)",
+    "%%spmd\nraise KeyError('inside the cell')",
+    "from shardviz import _torch\nprint('modes left:', len(_torch.dispatch_mode_stack()), type(torch.ones(1)).__name__)",
+    "%shardviz status",
+]
+
+
+@pytest.mark.timeout(180)
+def test_spmd_cells_in_a_kernel(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    out = [c.outputs for c in nb.cells]
+
+    def text(i):
+        parts = []
+        for o in out[i]:
+            if o.output_type == "stream":
+                parts.append(o.text)
+            elif o.output_type in ("execute_result", "display_data"):
+                parts.append(o.data.get("text/plain", ""))
+            elif o.output_type == "error":
+                parts.append(f"{o.ename}: {o.evalue}")
+        return "".join(parts)
+
+    assert "local backend, 4 ranks" in text(1)
+    assert text(2) == "('S(0)',)"  # the cell's last expression is displayed
+    assert text(3).strip() == "DTensor ['scatter', 'all_gather']"  # names land in the notebook
+    assert text(4) == ""  # a trailing semicolon hides the value
+    assert text(5).strip() == "True Tensor"
+    assert text(6).startswith("KeyError:") and "inside the cell" in text(6)
+    assert text(7).strip() == "modes left: 0 Tensor"
+    assert "LocalBackend(world_size=4)" in text(8)
+
+
+def test_magic_argument_parsing():
+    from shardviz.magics import parse_use, parse_values
+
+    assert parse_use(["gloo", "4", "timeout=10", "--profile=x"]) == ("gloo", 4, {"timeout": 10, "profile": "x"})
+    assert parse_use(["local"]) == ("local", None, {})
+    with pytest.raises(ValueError, match="whole number"):
+        parse_use(["local", "four"])
+    with pytest.raises(ValueError, match="usage"):
+        parse_use([])
+    assert parse_values("none") == "none" and parse_values("1000") == 1000
+    with pytest.raises(ValueError, match="byte budget"):
+        parse_values("lots")

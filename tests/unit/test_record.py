@@ -1,0 +1,241 @@
+"""The recorder beyond the tutorial: modules and phases, value policy, run/per_rank, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.placement_types import _StridedShard
+
+import shardviz as sv
+from shardviz import _torch
+from shardviz.recorder import PlainTensorCollectiveError
+
+
+def no_modes_left():
+    return _torch.active_local_mode() is None and _torch.dispatch_mode_stack() == []
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.act = nn.ReLU()
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+@pytest.fixture(scope="module")
+def tp_mlp():
+    sv.use("local", world_size=4)
+    torch.manual_seed(0)
+    ref = MLP()
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+        model = MLP()
+        model.load_state_dict(ref.state_dict())
+        model = parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    return ref, model, mesh
+
+
+def test_tp_mlp_forward_and_backward_attribution(tp_mlp):
+    ref, model, _ = tp_mlp
+    x = torch.randn(8, 16, requires_grad=True)  # so the backward also needs the input's gradient
+    with sv.record() as trace:
+        y = model(x)
+        y.sum().backward()
+    expected = ref(x.detach())
+    local = y.wait() if hasattr(y, "wait") else y  # an AsyncCollectiveTensor around a LocalTensor
+    torch.testing.assert_close(local.reconcile(), expected)
+    cols = trace.collectives()
+    fwd = [c for c in cols if c.phase == "forward"]
+    bwd = [c for c in cols if c.phase == "backward"]
+    # Rowwise "down" sums partial outputs in the forward; Colwise "up" sums input grads in the backward.
+    assert [(c.op, c.module) for c in fwd] == [("all_reduce", "MLP.down")], str(trace)
+    assert [(c.op, c.module) for c in bwd] == [("all_reduce", "MLP.up")], str(trace)
+    assert all(c.groups == ((0, 1, 2, 3),) and c.mesh_dim_name == "tp" for c in cols)
+    # The forward all-reduce sums the partial outputs (DTensor puts the bias on one rank when it
+    # turns the replicated bias into a Partial one): every rank then holds the layer's output.
+    out = fwd[0].outputs[2].values
+    np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+    ops = {e.module for e in trace.ops() if e.phase == "forward"}
+    assert {"MLP.up", "MLP.down"} <= ops
+    # Events are numbered in execution order and children follow their parents.
+    assert [e.id for e in trace.events] == list(range(len(trace.events)))
+    assert all(e.parent is None or e.parent < e.id for e in trace.events)
+
+
+def test_backward_noop_redistributes_are_dropped(tp_mlp):
+    _, model, _ = tp_mlp
+    with sv.record() as trace:
+        model(torch.randn(8, 16)).sum().backward()
+    for r in trace.redistributes():
+        assert r.src != r.dst or trace.children(r.id), r
+
+
+def test_str_is_one_line_per_event_indented_and_deterministic():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        dt = distribute_tensor(torch.arange(16.0).reshape(4, 4), mesh, [Shard(0), Shard(1)])
+    with sv.record() as trace:
+        dt.redistribute(mesh, [Replicate(), Replicate()])
+    assert str(trace) == "\n".join(
+        [
+            "Trace: local, 4 ranks, 3 events",
+            "#0 redistribute (4,4) [S(0), S(1)] -> [R, R] plan S(0)S(1)->S(0)R->RR"
+            "  <- dt.redistribute(mesh, [Replicate(), Replicate()])",
+            "  #1 all_gather groups [0,1] [2,3] mesh tp (2,2)->(4,2) float32"
+            "  <- dt.redistribute(mesh, [Replicate(), Replicate()])",
+            "  #2 all_gather groups [0,2] [1,3] mesh dp (2,4)->(4,4) float32"
+            "  <- dt.redistribute(mesh, [Replicate(), Replicate()])",
+        ]
+    )
+    assert "/" not in str(trace).split("\n", 1)[1].replace("->", "")  # no file paths
+
+
+def test_value_policy_none_keeps_metadata():
+    sv.use("local", world_size=4)
+    with sv.record(values="none") as trace:
+        t = torch.ones(3)
+        dist.all_reduce(t)
+    (c,) = trace.collectives()
+    assert c.outputs[0].values is None and c.outputs[0].shape == (3,) and c.outputs[0].dtype == "float32"
+    assert c.nbytes == {r: 12 for r in range(4)}
+    assert trace.values_dropped_from is None
+
+
+def test_value_budget_runs_out_and_says_where():
+    sv.use("local", world_size=4)
+    # Each all_reduce of 4 floats on 4 ranks snapshots 4 x 16 bytes of inputs and as much output:
+    # 128 bytes. A 200-byte budget keeps the first one whole and the second one's inputs only.
+    with sv.record(values=200) as trace:
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+    first, second = trace.collectives()
+    assert first.outputs[3].values is not None and first.outputs[3].summary.max == 4.0
+    assert second.inputs[3].values is not None and second.outputs[0].values is None
+    assert second.outputs[0].summary is None and second.outputs[0].shape == (4,)
+    assert trace.values_dropped_from == second.id
+
+
+@pytest.mark.parametrize("bad", ["some", -1, 1.5, None])
+def test_bad_value_policy(bad):
+    with pytest.raises(ValueError, match="byte budget"), sv.record(values=bad):
+        pass
+    assert no_modes_left()
+
+
+def test_summary_and_dtypes_numpy_lacks():
+    sv.use("local", world_size=2)
+    with sv.record() as trace:
+        t = sv.per_rank(lambda r: torch.tensor([1.5, float("nan"), -2.0], dtype=torch.bfloat16) * (r + 1))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    (c,) = trace.collectives()
+    snap = c.inputs[1]
+    assert snap.dtype == "bfloat16" and snap.values.dtype == np.float32
+    assert (snap.summary.min, snap.summary.max, snap.summary.nan) == (-4.0, 3.0, 1)
+
+
+def test_run_returns_trace_with_per_rank_results():
+    sv.use("local", world_size=4)
+
+    def step(scale):
+        t = sv.per_rank(lambda r: torch.full((2,), float(r)))
+        dist.all_reduce(t)
+        return t * scale, "done"
+
+    trace = sv.run(step, 2.0)
+    assert [c.op for c in trace.collectives()] == ["all_reduce"]
+    for r in range(4):
+        tensor, word = trace.results[r]
+        assert torch.equal(tensor, torch.full((2,), 12.0)) and word == "done"
+    assert sv.last_trace() is trace
+
+
+def test_run_results_of_a_dtensor_are_local_shards():
+    sv.use("local", world_size=4)
+
+    def shard():
+        mesh = init_device_mesh("cpu", (4,))
+        return distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+
+    trace = sv.run(shard)
+    assert [trace.results[r].tolist() for r in range(4)] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+
+
+def test_per_rank_bad_input():
+    sv.use("local", world_size=2)
+    with pytest.raises(TypeError, match="must return a tensor"):
+        sv.per_rank(lambda r: r)
+    with pytest.raises(TypeError, match="callable"):
+        sv.per_rank(3)
+
+
+def test_errors_keep_their_type_and_leave_no_mode():
+    sv.use("local", world_size=4)
+    with pytest.raises(ZeroDivisionError), sv.record():
+        torch.ones(2)
+        _ = 1 / 0
+    assert no_modes_left()
+    assert sv.last_trace() is not None and not sv.last_trace().complete
+
+
+def test_plain_tensor_collective_is_refused_not_silently_wrong():
+    sv.use("local", world_size=4)
+    outside = torch.ones(3)  # made outside the simulation: one object for every rank
+    with pytest.raises(PlainTensorCollectiveError, match="sv.per_rank"), sv.record():
+        dist.all_reduce(outside)
+    assert no_modes_left()
+    # max of identical values is the value itself: allowed, and recorded.
+    with sv.record() as trace:
+        dist.all_reduce(outside, op=dist.ReduceOp.MAX)
+    assert trace.collectives()[0].reduce_op == "max"
+
+
+def test_strided_scatter_bug_is_explained():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 2))
+    x = torch.arange(8.0)
+    with pytest.raises(PlainTensorCollectiveError, match="src_data_rank=None"), sv.record():
+        distribute_tensor(x, mesh, [Replicate(), _StridedShard(0, split_factor=2)])
+    with sv.record():
+        dt = distribute_tensor(x, mesh, [Replicate(), _StridedShard(0, split_factor=2)], src_data_rank=None)
+    assert dt.to_local()._local_tensors[1].tolist() == [2.0, 3.0, 6.0, 7.0]
+
+
+def test_torch_compile_is_explained():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+    with pytest.raises(Exception, match="torch.compile of DTensor code is not supported") as e, sv.record():
+        torch.compile(lambda t: (t * 2).sum(), backend="eager")(dt)
+    assert type(e.value).__module__.startswith("torch")  # the original error type, explained
+    assert no_modes_left()
+
+
+@pytest.mark.timeout(120)
+def test_fsdp2_is_explained():
+    from torch.distributed.fsdp import fully_shard
+
+    sv.use("local", world_size=4)
+    with (
+        pytest.raises(RuntimeError, match="FSDP2 \\(fully_shard\\) does not run under LocalTensorMode"),
+        sv.record(),
+    ):
+        mesh = init_device_mesh("cpu", (4,))
+        m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+        for layer in (m[0], m[2], m):
+            fully_shard(layer, mesh=mesh)
+        m(torch.randn(2, 8))
+    assert no_modes_left()
