@@ -102,3 +102,22 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
                 )
             values[r] = v.detach().clone()
     return _torch.new_local_tensor(values)
+
+
+@contextlib.contextmanager
+def record_rank(rank: int, world_size: int, values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
+    """Record what one real process communicates: its own buffers and its own groups.
+
+    Used on each rank of a real backend; the client merges the ranks' traces into one.
+    """
+    ValueBudget(values)
+    trace = Trace(world_size, "rank", values)
+    recorder = Recorder(trace, world_size, values, rank=rank)
+    try:
+        with recorder:
+            yield trace
+    except BaseException:
+        trace.complete = False
+        raise
+    finally:
+        recorder.finish()

@@ -231,10 +231,13 @@ def summarize(a: np.ndarray) -> Summary:
 class Recorder(_torch.DebugMode):
     """Records collectives, redistributes and DTensor ops of one simulated SPMD run into a Trace."""
 
-    def __init__(self, trace: Trace, world_size: int, values: str | int) -> None:
+    def __init__(self, trace: Trace, world_size: int, values: str | int, rank: int | None = None) -> None:
+        """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
+        number records one real process's own buffers and group, for the client to merge."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
+        self.rank = rank
         self.budget = ValueBudget(values)
         self._slots: list[Event | None] = []
         self._stack: list[int] = []  # open redistribute / op events (provisional ids)
@@ -355,14 +358,20 @@ class Recorder(_torch.DebugMode):
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
         tensors = [t for t in _flatten((in_arg, out_arg)) if isinstance(t, torch.Tensor)]
-        plain = tensors and not any(_torch.is_local_tensor(t) for t in tensors)
-        if plain and not _plain_is_fine(spec, bound):
-            self._slots.pop()
-            raise _plain_tensor_error(spec.op, impl)
-        ranks = _present_ranks(tensors, self.world_size)
         group = bound.get(spec.group)
         gkey = _torch.process_group_key(group) if group is not None else "WORLD"
-        groups = self._groups(gkey, group, ranks)
+        if self.rank is None:
+            plain = tensors and not any(_torch.is_local_tensor(t) for t in tensors)
+            if plain and not _plain_is_fine(spec, bound):
+                self._slots.pop()
+                raise _plain_tensor_error(spec.op, impl)
+            ranks = _present_ranks(tensors, self.world_size)
+            groups = self._groups(gkey, group, ranks)
+        else:
+            ranks = [self.rank]
+            groups = (
+                tuple(_torch.process_group_ranks(group) if group is not None else range(self.world_size)),
+            )
         nbytes = _nbytes(in_arg, ranks)
         inputs = self._snap(in_arg, ranks, eid) if in_arg is not None else {}
 
