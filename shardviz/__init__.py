@@ -13,6 +13,7 @@ from .backends import use as _use
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .placement import Placement
+from .plan import plan
 from .record import last_trace, per_rank, record, run
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 from .trace import load as _load
@@ -37,6 +38,7 @@ __all__ = [
     "load",
     "load_ipython_extension",
     "per_rank",
+    "plan",
     "record",
     "restart",
     "run",

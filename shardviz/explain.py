@@ -69,7 +69,10 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
             "show what fully_shard does with DTensor itself: each parameter becomes "
             "distribute_tensor(param, mesh, [Shard(0)]) and is all-gathered before use.",
         )
-    if any("/torch/_dynamo/" in f or "/torch/_inductor/" in f for f in files):
+    compiled = type(error).__module__.startswith(("torch._dynamo", "torch._inductor")) or any(
+        f.endswith("/torch/_dynamo/convert_frame.py") or "/torch/_inductor/" in f for f in files
+    )
+    if compiled:
         return explain(
             error,
             "shardviz: torch.compile of DTensor code is not supported under the simulation in torch "
