@@ -255,60 +255,67 @@ def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
 
 
 class ModuleStack:
-    """Which nn.Module is running, forward or backward, as an ordered stack of qualified names.
+    """Which nn.Module is running: its qualified name, in the forward and in the backward.
 
-    Built on torch's ModTracker (global module hooks plus multi-grad hooks for backward), which
-    keeps only an unordered set; the stack gives the innermost module. A module leaves the stack
-    from a forward hook of its own, registered after the module's existing hooks, so that what
-    tensor-parallel output hooks communicate is attributed to the module that produced it.
+    Forward: a global pre-forward hook pushes the module and a forward hook of its own, registered
+    after the module's existing hooks, pops it, so what tensor-parallel output hooks communicate
+    belongs to the module that produced it. Backward: each module call remembers the range of
+    autograd sequence numbers created while it ran; a backward collective looks up the node the
+    engine is running. This costs two counter reads per module call and no autograd hooks.
+    Names follow ModTracker's: the root's class name, then attribute paths (``MLP.net.0``).
     """
 
     def __init__(self) -> None:
-        from torch.distributed._tools.mod_tracker import ModTracker
-
-        self._tracker = ModTracker()
-        self._stack: list[str] = []
+        self._stack: list[tuple[str, int]] = []
+        self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
-        self._tracker.register_user_hooks(
-            pre_fw_hook=self._enter_forward,
-            pre_bw_hook=lambda mod, grad: self._push(mod),
-            post_bw_hook=lambda mod, grad: self._pop(mod),
-        )
+        self._spans: list[tuple[int, int, str]] = []
 
     def _name(self, mod: Any) -> str:
-        if mod is None:
-            return "?"
-        return self._tracker.get_known_fqn(mod) or type(mod).__name__
+        name = self._names.get(mod)
+        if name is None:
+            name = type(mod).__name__
+            for path, sub in mod.named_modules():
+                if path and sub not in self._names:
+                    self._names[sub] = f"{name}.{path}"
+            self._names[mod] = name
+        return name
 
     def _enter_forward(self, mod: Any, inputs: Any) -> None:
         if mod not in self._hooked:
             self._hooked.add(mod)
             self._handles.append(mod.register_forward_hook(self._leave_forward, always_call=True))
-        self._push(mod)
+        self._stack.append((self._name(mod), torch._C._autograd._get_sequence_nr()))
 
     def _leave_forward(self, mod: Any, inputs: Any, output: Any) -> None:
-        self._pop(mod)
-
-    def _push(self, mod: Any) -> None:
-        self._stack.append(self._name(mod))
-
-    def _pop(self, mod: Any) -> None:
-        name = self._name(mod)
-        for i in range(len(self._stack) - 1, -1, -1):
-            if self._stack[i] == name:
-                del self._stack[i]
-                return
+        if not self._stack:
+            return
+        name, start = self._stack.pop()
+        end = torch._C._autograd._get_sequence_nr()
+        if end > start:
+            self._spans.append((start, end, name))
 
     def current(self) -> str | None:
-        return self._stack[-1] if self._stack else None
+        if in_backward():
+            node = torch._C._current_autograd_node()
+            return self._backward_owner(node._sequence_nr()) if node is not None else None
+        return self._stack[-1][0] if self._stack else None
+
+    def _backward_owner(self, seq: int) -> str | None:
+        best: tuple[int, str] | None = None
+        for start, end, name in reversed(self._spans):
+            if start <= seq < end and (best is None or end - start < best[0]):
+                best = (end - start, name)
+        return best[1] if best else None
 
     def __enter__(self) -> ModuleStack:
-        self._tracker.__enter__()
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._handles.append(register_module_forward_pre_hook(self._enter_forward))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._tracker.__exit__(*exc)
         for h in self._handles:
             h.remove()
         self._handles.clear()
