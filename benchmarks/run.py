@@ -1,17 +1,21 @@
-"""Reproducible measurements for shardviz; writes the table in benchmarks/README.md.
+"""Reproducible measurements for shardviz; writes the tables in benchmarks/README.md.
 
-Every figure is a ratio against a baseline measured in the same run, so the table means the same
-on a loaded laptop and on CI. Run with ``make bench``.
+Every figure is a ratio against a baseline measured in the same run (interleaved, medians of
+repeats), so the tables mean the same on a loaded laptop and on CI. Run with ``make bench``;
+``python benchmarks/run.py recording`` runs one section.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import platform
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -19,10 +23,10 @@ import torch
 import shardviz as sv
 
 HERE = Path(__file__).resolve().parent
-REPEATS = 7
+Row = tuple[str, str, str, str]
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
+def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
     fn()  # warm up
     times = []
     for _ in range(repeats):
@@ -32,7 +36,33 @@ def median_seconds(fn: Callable[[], object], repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def bench_geometry() -> list[tuple[str, str, str, str]]:
+def interleaved(
+    cases: dict[str, Callable[[], contextlib.AbstractContextManager[object]]],
+    body: Callable[[], object],
+    rounds: int,
+) -> dict[str, float]:
+    """Median time of ``body`` under each context, the contexts taking turns to share the noise."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for ctx in cases.values():  # warm up
+        with ctx():
+            body()
+    for _ in range(rounds):
+        for k, ctx in cases.items():
+            with ctx():
+                t = time.perf_counter()
+                body()
+                times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# --- geometry --------------------------------------------------------------------------------
+
+
+def bench_geometry() -> list[Row]:
     """sv.layout (exact per-rank indices) vs torch's own per-rank shape/offset computation."""
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
@@ -46,6 +76,7 @@ def bench_geometry() -> list[tuple[str, str, str, str]]:
         ((8, 8), ["S(0)", "S(1)"]),
         ((8, 8, 8), ["S(0)", "S(1)", "R"]),
     ]:
+        progress(f"geometry {mesh_shape}")
         torch_pl = [_torch.placement_from_plain(parse(p)) for p in placements]
         coords = mesh.coords(mesh_shape)
 
@@ -65,29 +96,207 @@ def bench_geometry() -> list[tuple[str, str, str, str]]:
                 f"{o / b:.2f}x",
             )
         )
+    progress("plan on 512 ranks")
+    src, dst = ["S(0)", "S(1)", "P"], ["R", "S(1)", "R"]
+    names = ("pp", "dp", "tp")
+
+    def plan() -> None:
+        sv.plan((8192, 28672), (8, 8, 8), src, dst, names, dtype="bfloat16")
+
+    def layouts_only() -> None:
+        sv.layout((8192, 28672), (8, 8, 8), src, names)
+        sv.layout((8192, 28672), (8, 8, 8), dst, names)
+
+    p, lo = median_seconds(plan, 5), median_seconds(layouts_only, 5)
+    tracemalloc.start()
+    plan()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    rows.append(
+        (
+            "sv.plan of one 8192x28672 bf16 weight, (8,8,8) mesh, 512 ranks (target < 1 s, < 200 MB)",
+            f"{p * 1e3:.0f} ms, peak {peak / 2**20:.1f} MiB",
+            f"{lo * 1e3:.0f} ms (its two layouts alone)",
+            f"{p / lo:.2f}x",
+        )
+    )
     return rows
 
 
-def write(rows: list[tuple[str, str, str, str]]) -> None:
-    readme = HERE / "README.md"
-    head = [
-        f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, Python {sys.version.split()[0]}, "
-        f"torch {torch.__version__}, shardviz {sv.__version__}; medians of {REPEATS} runs.",
-        "",
-        "| measurement | shardviz | baseline (same run) | ratio |",
-        "|---|---|---|---|",
+# --- recording overhead ----------------------------------------------------------------------
+
+
+def _tp_mlp(world: int = 8) -> tuple[torch.nn.Module, torch.Tensor]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())][:-1]
+    net = torch.nn.Sequential(*layers)
+    plan = {str(i): ColwiseParallel() if i % 4 == 0 else RowwiseParallel() for i in range(0, 7, 2)}
+    sv.use("local", world_size=world)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        model = parallelize_module(net, mesh, plan)
+        x = torch.randn(64, 256)
+    return model, x
+
+
+@contextlib.contextmanager
+def _with_mode(mode_cls: type) -> Iterator[None]:
+    backend = sv.backends.current()
+    with backend.simulate(), mode_cls():  # type: ignore[attr-defined]
+        yield
+
+
+def bench_recording() -> list[Row]:
+    """The TP MLP forward of the engine notes: 4 x Linear(256,256), batch 64, mesh of 8."""
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.utils._debug_mode import DebugMode
+
+    torch.set_num_threads(1)
+    progress("recording overhead: TP MLP on 8 ranks")
+    model, x = _tp_mlp(8)
+    backend = sv.backends.current()
+    cases = {
+        "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
+        'sv.record(values="none")': lambda: sv.record(values="none"),
+        "sv.record() (default value policy)": lambda: sv.record(),
+        'sv.record(values="all")': lambda: sv.record(values="all"),
+        "DebugMode": lambda: _with_mode(DebugMode),
+        "CommDebugMode": lambda: _with_mode(CommDebugMode),
+    }
+    med = interleaved(cases, lambda: model(x), rounds=30)
+    base = med["bare LocalTensorMode"]
+    targets = {
+        'sv.record(values="none")': " (target <= 1.10)",
+        "sv.record() (default value policy)": " (target <= 1.25)",
+    }
+    return [
+        (
+            f"TP MLP forward under {k}{targets.get(k, '')}",
+            f"{v * 1e3:.1f} ms",
+            f"{base * 1e3:.1f} ms (bare)",
+            f"{v / base:.2f}x",
+        )
+        for k, v in med.items()
+        if k != "bare LocalTensorMode"
     ]
-    table = "\n".join(head + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
+
+
+def bench_scale(sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)) -> list[Row]:
+    """A 2-D redistribute [S(0), S(1)] -> [R, R] at growing world sizes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    torch.set_num_threads(1)
+    rows = []
+    for n in sizes:
+        a = 1 << ((n.bit_length() - 1) // 2)
+        shape = (a, n // a)
+        progress(f"scale: 2-D redistribute on {shape} ({n} ranks) - setup")
+        sv.use("local", world_size=n)
+        with sv.record(values="none"):
+            mesh = init_device_mesh("cpu", shape)
+            dt = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0), Shard(1)], src_data_rank=None)
+        backend = sv.backends.current()
+        cases = {
+            "bare": backend.simulate,  # type: ignore[attr-defined]
+            "none": lambda: sv.record(values="none"),
+            "default": lambda: sv.record(),
+        }
+        progress(f"scale: {n} ranks - timing")
+        rounds = 9 if n <= 32 else 5 if n <= 128 else 3
+
+        def body(dt=dt, mesh=mesh) -> object:
+            return dt.redistribute(mesh, [Replicate(), Replicate()])
+
+        med = interleaved(cases, body, rounds)
+        rows.append(
+            (
+                f"2-D redistribute [S(0),S(1)]->[R,R] of 64x64 on mesh {shape} ({n} ranks)",
+                f'{med["none"] * 1e3:.1f} ms (values="none"), {med["default"] * 1e3:.1f} ms (default)',
+                f"{med['bare'] * 1e3:.1f} ms (bare)",
+                f"{med['none'] / med['bare']:.2f}x / {med['default'] / med['bare']:.2f}x",
+            )
+        )
+    sv.use("local", world_size=4)
+    return rows
+
+
+def bench_memory() -> list[Row]:
+    """Bytes a trace holds per event, for each value policy (TP MLP forward on 8 ranks)."""
+    progress("trace memory per event")
+    model, x = _tp_mlp(8)
+    rows = []
+    for policy in ("none", 2**20, "all"):
+        gc.collect()
+        tracemalloc.start()
+        with sv.record(values=policy) as trace:
+            y = model(x)
+        del y
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        n = len(trace.events)
+        values = sum(
+            s.values.nbytes
+            for c in trace.collectives()
+            for side in (c.inputs, c.outputs)
+            for v in side.values()
+            for s in (v if isinstance(v, list) else [v])
+            if s.values is not None
+        )
+        rows.append(
+            (
+                f"trace of the TP MLP forward, values={policy!r} ({n} events)",
+                f"{held / n / 1024:.1f} KiB per event",
+                f"{values / n / 1024:.1f} KiB per event of raw snapshot values",
+                f"{held / max(values, 1):.2f}x" if values else "-",
+            )
+        )
+        del trace
+    return rows
+
+
+SECTIONS: dict[str, Callable[[], list[Row]]] = {
+    "geometry": bench_geometry,
+    "recording": bench_recording,
+    "scale": bench_scale,
+    "memory": bench_memory,
+}
+
+
+def write(tables: dict[str, list[Row]]) -> None:
+    readme = HERE / "README.md"
     text = readme.read_text()
-    text = re.sub(
-        r"<!-- results -->.*<!-- /results -->",
-        lambda _: f"<!-- results -->\n{table}\n<!-- /results -->",
-        text,
-        flags=re.S,
+    machine = (
+        f"Machine: {platform.machine()}, {platform.system()}, Python {sys.version.split()[0]}, "
+        f"torch {torch.__version__}, shardviz {sv.__version__}, {torch.get_num_threads()} torch thread(s)."
     )
+    for name, rows in tables.items():
+        table = "\n".join(
+            [
+                machine,
+                "",
+                "| measurement | shardviz | baseline (same run) | ratio |",
+                "|---|---|---|---|",
+                *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows],
+            ]
+        )
+        text = re.sub(
+            rf"<!-- {name} -->.*?<!-- /{name} -->",
+            lambda _, table=table, name=name: f"<!-- {name} -->\n{table}\n<!-- /{name} -->",
+            text,
+            flags=re.S,
+        )
+        print(f"\n## {name}\n{table}")
     readme.write_text(text)
-    print(table)
 
 
 if __name__ == "__main__":
-    write(bench_geometry())
+    chosen = sys.argv[1:] or list(SECTIONS)
+    unknown = [c for c in chosen if c not in SECTIONS]
+    if unknown:
+        sys.exit(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+    write({name: SECTIONS[name]() for name in chosen})

@@ -9,8 +9,10 @@ notebook. The rest of the package imports from here and speaks in plain data.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import re
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -321,3 +323,86 @@ class ModuleStack:
         self._handles.clear()
         self._hooked = weakref.WeakSet()
         self._stack.clear()
+
+
+def spec_geometry(spec: Any) -> dict[str, Any] | None:
+    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames)."""
+    meta = getattr(spec, "tensor_meta", None)
+    if meta is None or not hasattr(spec, "placements"):
+        return None
+    shape, names, ranks = mesh_info(spec.mesh)
+    return {
+        "global_shape": tuple(int(s) for s in meta.shape),
+        "dtype": dtype_name(meta.dtype),
+        "mesh_shape": shape,
+        "mesh_dim_names": names,
+        "mesh_ranks": ranks,
+        "placements": placements_str(spec.placements),
+    }
+
+
+def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
+    """(operator name, geometry of each DTensor input) of a DTensor OpSchema."""
+    op = str(getattr(schema, "op", "?")).removesuffix(".default")
+    specs = []
+    for a in getattr(schema, "args_schema", ()):
+        g = spec_geometry(a)
+        if g is not None:
+            specs.append(g)
+    return op, specs
+
+
+@contextlib.contextmanager
+def watch_user_calls(on_to_local: Any, on_from_local: Any, on_get_rank: Any) -> Iterator[None]:
+    """Call back around ``DTensor.to_local``, ``DTensor.from_local`` and ``dist.get_rank`` while a
+    simulation is recorded: they are Python calls, not dispatched ops, so a dispatch mode cannot see
+    them. Each callback gets the calling frame, to tell user code from torch's own calls."""
+    orig_to_local = DTensor.to_local
+    orig_from_local = DTensor.__dict__["from_local"]
+    orig_get_rank = dist.get_rank
+
+    @functools.wraps(orig_to_local)
+    def to_local(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = orig_to_local(self, *args, **kwargs)
+        on_to_local(self, out, sys._getframe(1))
+        return out
+
+    @functools.wraps(orig_from_local.__func__)
+    def from_local(*args: Any, **kwargs: Any) -> Any:
+        out = orig_from_local.__func__(*args, **kwargs)
+        on_from_local(out, sys._getframe(1))
+        return out
+
+    @functools.wraps(orig_get_rank)
+    def get_rank(*args: Any, **kwargs: Any) -> Any:
+        on_get_rank(sys._getframe(1))
+        return orig_get_rank(*args, **kwargs)
+
+    DTensor.to_local = to_local  # type: ignore[method-assign]
+    DTensor.from_local = staticmethod(from_local)  # type: ignore[method-assign,assignment]
+    dist.get_rank = get_rank
+    try:
+        yield
+    finally:
+        DTensor.to_local = orig_to_local  # type: ignore[method-assign]
+        DTensor.from_local = orig_from_local  # type: ignore[method-assign]
+        dist.get_rank = orig_get_rank
+
+
+def wait_collective(out: Any, functional: bool) -> None:
+    """Block until a real collective's result is there, so that it can be snapshotted.
+
+    c10d ops hand back a ``Work``; functional collectives return tensors that are only valid after
+    ``wait_tensor``. The simulator's collectives finish immediately; real ones (gloo, NCCL) do not.
+    """
+    stack = [out]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list | tuple):
+            stack.extend(x)
+        elif isinstance(x, dist.Work):
+            x.wait()
+        elif isinstance(x, torch.ScriptObject) and "Work" in str(x._type()):
+            dist.Work.unbox(x).wait()  # c10d ops hand back the Work boxed for the dispatcher
+        elif functional and isinstance(x, torch.Tensor):
+            torch.ops._c10d_functional.wait_tensor(x)

@@ -15,6 +15,10 @@ class WorldSizeError(ShardvizError, ValueError):
     """A mesh or a simulation does not match the backend's world size."""
 
 
+class SimulationWarning(UserWarning):
+    """Code that runs under the simulation but does not mean what it would on real ranks."""
+
+
 class TraceFileError(ShardvizError, ValueError):
     """A file is not a shardviz trace, is damaged, or comes from a newer shardviz."""
 

@@ -21,10 +21,63 @@ def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]
     return out
 
 
+NOTEBOOK = "notebooks/07_custom_operators.ipynb"
+
+
+def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, dict[str, object]]]) -> bool:
+    """DTensor could not shard an operator: say which, draw its inputs, and name the ways out."""
+    msg = str(error.args[0]) if error.args else ""
+    no_strategy = "does not have a sharding strategy" in msg
+    if not (no_strategy or "Sharding propagation failed" in msg):
+        return False
+    from . import _torch
+    from .layout import compute
+
+    schema = None
+    for _, _, f_locals in reversed(frames):
+        info = f_locals.get("op_info")
+        schema = f_locals.get("op_schema") or getattr(info, "schema", None)
+        if schema is not None:
+            break
+    op, inputs = _torch.op_schema_inputs(schema) if schema is not None else ("this operator", [])
+    drawn = []
+    for i, g in enumerate(inputs):
+        lay = compute(**g)
+        table = (
+            str(lay) if lay.world_size <= 16 else str(lay).split("\n", 1)[0] + f" ({lay.world_size} ranks)"
+        )
+        drawn.append(f"input {i}: " + table)
+    why = (
+        f"{op} has no sharding strategy in DTensor"
+        if no_strategy
+        else f"DTensor has no way to run {op} on inputs placed like this"
+    )
+    explain(
+        error,
+        f"shardviz: {why}.\n" + ("\n".join(drawn) + "\n" if drawn else "") + "Ways out:\n"
+        "  1. redistribute the input(s) to Replicate first, e.g. x.redistribute(mesh, [Replicate()]) "
+        "(or x.full_tensor()), run the operator, and distribute the result again if needed;\n"
+        "  2. write it as a custom sharded operator: x.to_local(), compute on each rank's shard, "
+        "combine with a collective (dist.all_reduce, ...), then DTensor.from_local(result, mesh, "
+        "[Replicate()] or [Partial()]);\n"
+        "  3. register a sharding strategy for it "
+        "(torch.distributed.tensor.experimental.register_sharding).\n"
+        f"{NOTEBOOK} walks through all three.",
+    )
+    return True
+
+
 def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
     """Add an explanation to ``error`` when it matches a known trap; return it either way."""
     frames = _frames(error.__traceback__)
     msg = str(error.args[0]) if error.args else ""
+    files = [f for f, _, _ in frames]
+    compiled = type(error).__module__.startswith(("torch._dynamo", "torch._inductor")) or any(
+        f.endswith("/torch/_dynamo/convert_frame.py") or "/torch/_inductor/" in f for f in files
+    )
+    sharding = not compiled and isinstance(error, RuntimeError | NotImplementedError)
+    if sharding and explain_sharding_error(error, frames):
+        return error
 
     if isinstance(error, AssertionError):
         for filename, func, f_locals in reversed(frames):
@@ -59,7 +112,6 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
                     "the global tensor itself: the same shards, no scatter recorded), or pick a shape "
                     "that divides evenly over the mesh.",
                 )
-    files = [f for f, _, _ in frames]
     if any("/torch/distributed/fsdp/" in f for f in files):
         return explain(
             error,
@@ -69,9 +121,6 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
             "show what fully_shard does with DTensor itself: each parameter becomes "
             "distribute_tensor(param, mesh, [Shard(0)]) and is all-gathered before use.",
         )
-    compiled = type(error).__module__.startswith(("torch._dynamo", "torch._inductor")) or any(
-        f.endswith("/torch/_dynamo/convert_frame.py") or "/torch/_inductor/" in f for f in files
-    )
     if compiled:
         return explain(
             error,

@@ -105,14 +105,20 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
 
 
 @contextlib.contextmanager
-def record_rank(rank: int, world_size: int, values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
+def record_rank(
+    rank: int,
+    world_size: int,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    on_collective: Callable[..., None] | None = None,
+) -> Iterator[Trace]:
     """Record what one real process communicates: its own buffers and its own groups.
 
     Used on each rank of a real backend; the client merges the ranks' traces into one.
+    ``on_collective`` is the Recorder's hook, called before and after each collective.
     """
     ValueBudget(values)
     trace = Trace(world_size, "rank", values)
-    recorder = Recorder(trace, world_size, values, rank=rank)
+    recorder = Recorder(trace, world_size, values, rank=rank, on_collective=on_collective)
     try:
         with recorder:
             yield trace

@@ -14,6 +14,8 @@ import linecache
 import os
 import re
 import sys
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -24,12 +26,13 @@ import torch
 
 from . import _torch
 from . import mesh as _mesh
-from .errors import ShardvizError
+from .errors import ShardvizError, SimulationWarning
 from .layout import Layout
 from .layout import compute as compute_layout
 from .trace import (
     CollectiveEvent,
     Event,
+    LocalEvent,
     OpEvent,
     RedistributeEvent,
     Source,
@@ -231,13 +234,24 @@ def summarize(a: np.ndarray) -> Summary:
 class Recorder(_torch.DebugMode):
     """Records collectives, redistributes and DTensor ops of one simulated SPMD run into a Trace."""
 
-    def __init__(self, trace: Trace, world_size: int, values: str | int, rank: int | None = None) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        world_size: int,
+        values: str | int,
+        rank: int | None = None,
+        on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
+    ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
-        number records one real process's own buffers and group, for the client to merge."""
+        number records one real process's own buffers and group, for the client to merge.
+        ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
+        collective runs and ``"leave"`` after: a real rank publishes it so that the client can
+        tell where a rank blocked inside the collective is."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
         self.rank = rank
+        self.on_collective = on_collective
         self.budget = ValueBudget(values)
         self._slots: list[Event | None] = []
         self._stack: list[int] = []  # open redistribute / op events (provisional ids)
@@ -250,10 +264,13 @@ class Recorder(_torch.DebugMode):
         self._group_desc: dict[int, str] = {}
         self._desc_cache: dict[Any, str] = {}
         self.modules = _torch.ModuleStack()
+        self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
 
     # --- DebugMode's interface, as DTensor calls it ------------------------------------------
 
     def __enter__(self) -> Recorder:
+        self._calls = _torch.watch_user_calls(self._on_to_local, self._on_from_local, self._on_get_rank)
+        self._calls.__enter__()
         _torch.TorchDispatchMode.__enter__(self)
         _torch.debug_mode_counter(+1)
         self.modules.__enter__()
@@ -265,6 +282,90 @@ class Recorder(_torch.DebugMode):
         finally:
             _torch.debug_mode_counter(-1)
             _torch.TorchDispatchMode.__exit__(self, *exc)
+            self._calls.__exit__(*exc)
+            self._tracked.clear()
+
+    # --- user calls a dispatch mode cannot see -------------------------------------------------
+
+    def _on_to_local(self, dt: Any, out: Any, caller: FrameType) -> None:
+        """A user's ``to_local()``: an op event, and its result is followed for local compute."""
+        if _is_library(caller):
+            return
+        eid = self._reserve()
+        source, module, phase, _ = self._context()
+        self._note_mesh(dt.device_mesh)
+        self._slots[eid] = OpEvent(
+            id=eid,
+            source=source,
+            module=module,
+            phase=phase,
+            name="DTensor.to_local",
+            input_placements=(_torch.placements_str(dt.placements),),
+        )
+        self._track(out)
+
+    def _on_from_local(self, out: Any, caller: FrameType) -> None:
+        if _is_library(caller) or not _torch.is_dtensor(out):
+            return
+        eid = self._reserve()
+        source, module, phase, _ = self._context()
+        self._note_mesh(out.device_mesh)
+        self._slots[eid] = OpEvent(
+            id=eid,
+            source=source,
+            module=module,
+            phase=phase,
+            name="DTensor.from_local",
+            output_placements=(_torch.placements_str(out.placements),),
+        )
+
+    def _on_get_rank(self, caller: FrameType) -> None:
+        global _warned_get_rank
+        if self.rank is not None or _warned_get_rank or _is_library(caller):
+            return
+        _warned_get_rank = True
+        warnings.warn(
+            "dist.get_rank() is 0 on every simulated rank, so rank-dependent code (like "
+            "x.chunk(n)[dist.get_rank()]) gives every rank rank 0's part. Write it with "
+            "sv.per_rank(lambda rank: x.chunk(n)[rank]). (shardviz warns about this once.)",
+            SimulationWarning,
+            stacklevel=3,
+        )
+
+    def _track(self, t: Any) -> None:
+        for x in _flatten(t):
+            if isinstance(x, torch.Tensor):
+                self._tracked[id(x)] = weakref.ref(x)
+
+    def _is_tracked(self, x: Any) -> bool:
+        ref = self._tracked.get(id(x))
+        return ref is not None and ref() is x
+
+    def _local_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """An op on the local shards a user took with ``to_local()``: recorded with per-rank values."""
+        inputs = [a for a in _flatten(args) if isinstance(a, torch.Tensor)]
+        if (
+            not any(self._is_tracked(a) for a in inputs)
+            or func in _METADATA_OPS
+            or not _called_by_user(sys._getframe(1))
+        ):
+            return func(*args, **kwargs)
+        eid = self._reserve()
+        source, module, phase, _ = self._context()
+        ranks = _present_ranks(inputs, self.world_size)
+        snaps_in = self._snap(inputs, ranks, eid) if inputs else {}
+        out = func(*args, **kwargs)
+        self._track(out)
+        self._slots[eid] = LocalEvent(
+            id=eid,
+            source=source,
+            module=module,
+            phase=phase,
+            name=_op_name(func),
+            inputs=snaps_in,
+            outputs=self._snap(out, ranks, eid),
+        )
+        return out
 
     def record_output_placements(self, output_spec: Any) -> None:
         pass
@@ -293,6 +394,8 @@ class Recorder(_torch.DebugMode):
                 if self._in_dtensor_op:
                     return NotImplemented
                 return self._dtensor_op(func, args, kwargs or {})
+            if self._tracked and not self._in_dtensor_op:
+                return self._local_op(func, args, kwargs or {})
             return func(*args, **(kwargs or {}))
         return self._collective(entry, func, args, kwargs or {})
 
@@ -375,7 +478,13 @@ class Recorder(_torch.DebugMode):
         nbytes = _nbytes(in_arg, ranks)
         inputs = self._snap(in_arg, ranks, eid) if in_arg is not None else {}
 
+        if self.on_collective is not None:
+            self.on_collective("enter", spec.op, groups, source)
         out = func(*args, **kwargs)
+        if self.rank is not None:  # a real process: the result is only there once the work is done
+            _torch.wait_collective(out, functional=spec.group == "group_name")
+        if self.on_collective is not None:
+            self.on_collective("leave", spec.op, groups, source)
 
         if spec.outputs == "return":
             out_arg = out
@@ -516,6 +625,42 @@ class Recorder(_torch.DebugMode):
         if dropped_at is not None:
             later = [renumber[i] for i in renumber if i >= dropped_at]
             self.trace.values_dropped_from = min(later) if later else None
+
+
+_warned_get_rank = False
+_METADATA_OPS = {
+    getattr(packet, o)
+    for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
+    for o in packet.overloads()
+}
+# torch files a dispatched op passes through on its way from the caller to a dispatch mode.
+_PLUMBING = tuple(
+    os.path.join(_TORCH_DIR, *f.split("/"))
+    for f in (
+        "_ops.py",
+        "_compile.py",
+        "overrides.py",
+        "_tensor.py",
+        "functional.py",
+        "utils/_python_dispatch.py",
+        "_dynamo/eval_frame.py",
+    )
+)
+
+
+def _called_by_user(frame: FrameType | None) -> bool:
+    """Whether the op being dispatched was called by user code rather than inside torch."""
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not (fn.startswith(_OWN_DIR) or fn.startswith(_PLUMBING)):
+            return not fn.startswith(_TORCH_DIR)
+        frame = frame.f_back
+    return False
+
+
+def _is_library(frame: FrameType) -> bool:
+    fn = frame.f_code.co_filename
+    return fn.startswith(_TORCH_DIR) or fn.startswith(_OWN_DIR)
 
 
 _KNOWN_MESHES: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}

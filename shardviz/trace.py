@@ -178,10 +178,22 @@ class OpEvent(Event):
     output_placements: tuple[tuple[str, ...], ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalEvent(Event):
+    """Per-rank compute on the local shards of a DTensor (after ``to_local()``), with each rank's
+    inputs and outputs: the "compute locally" step of a hand-written sharded operator."""
+
+    kind: str = "local"
+    name: str = ""
+    inputs: PerRank = field(default_factory=dict)
+    outputs: PerRank = field(default_factory=dict)
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     "collective": CollectiveEvent,
     "redistribute": RedistributeEvent,
     "op": OpEvent,
+    "local": LocalEvent,
 }
 
 
@@ -228,6 +240,9 @@ class Trace:
 
     def ops(self) -> list[OpEvent]:
         return [e for e in self.events if isinstance(e, OpEvent)]
+
+    def locals(self) -> list[LocalEvent]:
+        return [e for e in self.events if isinstance(e, LocalEvent)]
 
     def children(self, event_id: int | None) -> list[Event]:
         return [e for e in self.events if e.parent == event_id]

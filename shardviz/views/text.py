@@ -44,7 +44,7 @@ def _dtype(e: CollectiveEvent) -> str:
 
 def event_line(e: Event) -> str:
     """One event, without nesting or source."""
-    from ..trace import CollectiveEvent, OpEvent, RedistributeEvent
+    from ..trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent
 
     if isinstance(e, CollectiveEvent):
         parts = [e.op]
@@ -70,6 +70,10 @@ def event_line(e: Event) -> str:
         return f"{kind}{shape} [{', '.join(e.src)}] -> [{', '.join(e.dst)}]" + (
             f" plan {e.plan}" if e.plan else ""
         )
+    if isinstance(e, LocalEvent):
+        first_in = next(iter(e.inputs.values()), None)
+        first_out = next(iter(e.outputs.values()), None)
+        return f"local {e.name} {_shape(first_in)}->{_shape(first_out)} on every rank"
     if isinstance(e, OpEvent):
         ins = " ".join("[" + ",".join(p) + "]" for p in e.input_placements)
         outs = " ".join("[" + ",".join(p) + "]" for p in e.output_placements)
