@@ -151,8 +151,21 @@ def placement_from_plain(p: Placement) -> Any:
     return Replicate()
 
 
+_placement_names: dict[Any, tuple[str, ...]] = {}
+
+
 def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
-    return tuple(str(placement_to_plain(p)) for p in placements)
+    """Placement strings of torch placements; memoised (placements are hashable and few)."""
+    key = tuple(placements)
+    try:
+        return _placement_names[key]
+    except KeyError:
+        names = tuple(str(placement_to_plain(p)) for p in key)
+        if len(_placement_names) < 4096:
+            _placement_names[key] = names
+        return names
+    except TypeError:
+        return tuple(str(placement_to_plain(p)) for p in key)
 
 
 MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
@@ -173,6 +186,29 @@ def mesh_info(mesh: Any) -> MeshInfo:
     with contextlib.suppress(TypeError):
         _mesh_infos[mesh] = info
     return info
+
+
+# Meshes seen alive, by id: their coordinates may be reused across simulated cells, and their
+# dims name the groups of later collectives. Weak values: a dead mesh's id can be reused.
+_live_meshes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def remember_mesh(mesh: Any) -> None:
+    with contextlib.suppress(TypeError):
+        _live_meshes[id(mesh)] = mesh
+
+
+def known_mesh_infos() -> list[MeshInfo]:
+    return [mesh_info(m) for m in list(_live_meshes.values())]
+
+
+def reuse_local_mode(mode: Any) -> None:
+    """Prepare a LocalTensorMode for another entry: keep its cached mesh coordinates only for
+    meshes known to be alive (the cache is keyed by ``id(mesh)``, which a new mesh can reuse)."""
+    cache = getattr(mode, "_coordinate_cache", None)
+    if isinstance(cache, dict):
+        for key in [k for k in cache if _live_meshes.get(k) is None]:
+            del cache[key]
 
 
 def dtensor_geometry(dt: Any) -> dict[str, Any]:

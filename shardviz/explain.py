@@ -124,10 +124,11 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     if compiled:
         return explain(
             error,
-            "shardviz: torch.compile of DTensor code is not supported under the simulation in torch "
-            "2.13 (LocalTensorMode): compiled graphs cannot trace the per-rank tensors reliably. Run the "
-            "function eagerly inside sv.record() / %%spmd (drop torch.compile there), or compile it on "
-            "real ranks: sv.use('gloo', world_size=N).",
+            "shardviz: this torch.compile failed under the simulation. On torch 2.13, compiled DTensor "
+            'code runs under LocalTensorMode with backend="eager" or backend="aot_eager"; inductor needs '
+            "real tensor storage, which the simulated per-rank tensors do not have. Use "
+            'torch.compile(fn, backend="aot_eager") inside sv.record() / %%spmd, run the function '
+            "eagerly, or compile it on real ranks: sv.use('gloo', world_size=N).",
         )
     if isinstance(error, RuntimeError) and "Mesh should not be bigger than default world size" in msg:
         return explain(

@@ -9,6 +9,7 @@ come out exactly as DTensor makes them; ``_StridedShard`` produces non-contiguou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,7 +205,59 @@ def compute(
     mesh_ranks: Sequence[int] | None = None,
     shard_order: dict[int, Sequence[int]] | None = None,
 ) -> Layout:
-    """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``.
+    """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``, cached: a Layout is
+    immutable, and recording sees the same few layouts again and again."""
+    try:
+        key = (
+            tuple(global_shape) if not isinstance(global_shape, int) else global_shape,
+            tuple(mesh_shape) if not isinstance(mesh_shape, int) else mesh_shape,
+            tuple(placements) if not isinstance(placements, str) else placements,
+            tuple(mesh_dim_names)
+            if mesh_dim_names is not None and not isinstance(mesh_dim_names, str)
+            else mesh_dim_names,
+            dtype,
+            tuple(mesh_ranks) if mesh_ranks is not None else None,
+            tuple((k, tuple(v)) for k, v in sorted(shard_order.items())) if shard_order else None,
+        )
+        hash(key)
+    except TypeError:  # unhashable input: let the checks below explain it
+        return _compute(
+            global_shape,
+            mesh_shape,
+            placements,
+            mesh_dim_names,
+            dtype=dtype,
+            mesh_ranks=mesh_ranks,
+            shard_order=shard_order,
+        )
+    return _cached(key)
+
+
+@functools.lru_cache(maxsize=512)
+def _cached(key: tuple[Any, ...]) -> Layout:
+    shape, mesh_shape, placements, names, dtype, ranks, order = key
+    return _compute(
+        shape,
+        mesh_shape,
+        placements,
+        names,
+        dtype=dtype,
+        mesh_ranks=ranks,
+        shard_order=dict(order) if order else None,
+    )
+
+
+def _compute(
+    global_shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    placements: Sequence[str | Placement],
+    mesh_dim_names: Sequence[str] | None = None,
+    *,
+    dtype: str = "float32",
+    mesh_ranks: Sequence[int] | None = None,
+    shard_order: dict[int, Sequence[int]] | None = None,
+) -> Layout:
+    """The geometry itself.
 
     ``shard_order`` maps a tensor dim to the order its mesh dims are applied in, for DTensors
     whose spec records a non-default order; by default mesh dims apply left to right.

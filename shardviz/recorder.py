@@ -36,7 +36,6 @@ from .trace import (
     OpEvent,
     RedistributeEvent,
     Source,
-    Summary,
     TensorSnapshot,
     Trace,
 )
@@ -219,18 +218,6 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy().copy()
 
 
-def summarize(a: np.ndarray) -> Summary:
-    if a.size == 0:
-        return Summary(None, None, None, 0)
-    x = np.abs(a) if a.dtype.kind == "c" else a.astype(np.float64) if a.dtype.kind == "b" else a
-    nan = int(np.isnan(x).sum()) if x.dtype.kind == "f" else 0
-    if nan == x.size:
-        return Summary(None, None, None, nan)
-    if nan:
-        return Summary(float(np.nanmin(x)), float(np.nanmax(x)), float(np.nanmean(x)), nan)
-    return Summary(float(x.min()), float(x.max()), float(x.mean(dtype=np.float64)), 0)
-
-
 class Recorder(_torch.DebugMode):
     """Records collectives, redistributes and DTensor ops of one simulated SPMD run into a Trace."""
 
@@ -367,6 +354,28 @@ class Recorder(_torch.DebugMode):
         )
         return out
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Not wrapping __torch_dispatch__ in torch._disable_dynamo saves a frame-evaluation
+        # switch on every op the simulation runs; compiled regions ignore this mode anyway
+        # (ignore_compile_internals, inherited from DebugMode).
+        return False
+
+    # Attributes and hooks other parts of torch read from an active DebugMode (compiled regions,
+    # higher-order ops): present, and doing nothing.
+    run_compile_with_interpreter = False
+    record_stack_trace = False
+    call_depth = 0
+
+    def _record_call(self, call: Any) -> None:
+        pass
+
+    def _record_call_output(self, call: Any, output: Any) -> None:
+        pass
+
+    def _handle_annotate(self, tag: Any) -> None:
+        pass
+
     def record_output_placements(self, output_spec: Any) -> None:
         pass
 
@@ -488,7 +497,8 @@ class Recorder(_torch.DebugMode):
 
         if spec.outputs == "return":
             out_arg = out
-        outputs = self._snap(out_arg, ranks, eid) if out_arg is not None else {}
+        shared = groups if spec.op in ("all_reduce", "all_gather", "broadcast") else ()
+        outputs = self._snap(out_arg, ranks, eid, shared) if out_arg is not None else {}
         root = bound.get(spec.root) if spec.root else None
         self._group_desc[eid] = self._desc(gkey, group)
         if parent is not None:
@@ -512,17 +522,32 @@ class Recorder(_torch.DebugMode):
 
     # --- pieces ------------------------------------------------------------------------------
 
-    def _snap(self, arg: Any, ranks: Sequence[int], eid: int) -> dict[int, Any]:
-        """Per-rank snapshots of a tensor, a one-element list (unwrapped) or a list of tensors."""
+    def _snap(
+        self, arg: Any, ranks: Sequence[int], eid: int, groups: tuple[tuple[int, ...], ...] = ()
+    ) -> dict[int, Any]:
+        """Per-rank snapshots of a tensor, a one-element list (unwrapped) or a list of tensors.
+
+        With ``groups``, a rank whose buffer equals its group's first rank's shares that snapshot
+        (after an all-reduce, all-gather or broadcast): one copy per group, not one per rank.
+        """
         items = arg
         while isinstance(items, (list, tuple)) and len(items) == 1:
             items = items[0]
         listed = isinstance(items, (list, tuple))
         tensors = list(items) if listed else [items]
         per_tensor = [_per_rank(t, ranks) for t in tensors]
+        leader = {r: g[0] for g in groups for r in g} if self.budget.left > 0 else {}
         out: dict[int, Any] = {}
         with _torch.no_dispatch():
             for r in ranks:
+                first = leader.get(r, r)
+                if (
+                    first != r
+                    and first in out
+                    and _same_buffers([pt.get(r) for pt in per_tensor], [pt.get(first) for pt in per_tensor])
+                ):
+                    out[r] = out[first]
+                    continue
                 snaps = [self._snapshot(pt.get(r), eid) for pt in per_tensor]
                 out[r] = snaps if listed else snaps[0]
         return out
@@ -537,7 +562,7 @@ class Recorder(_torch.DebugMode):
         if not self.budget.take(t.numel() * t.element_size(), eid):
             return TensorSnapshot(shape, dtype)
         values = _numpy(t)
-        return TensorSnapshot(shape, dtype, values, summarize(values))
+        return TensorSnapshot(shape, dtype, values)
 
     def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         cached = self._group_cache.get(key)
@@ -558,7 +583,7 @@ class Recorder(_torch.DebugMode):
         if key not in self._meshes:
             info = _torch.mesh_info(device_mesh)
             self._meshes[key] = info
-            _KNOWN_MESHES[key] = info
+            _torch.remember_mesh(device_mesh)
             self.trace.meshes.append(
                 {
                     "mesh_shape": list(info[0]),
@@ -581,7 +606,7 @@ class Recorder(_torch.DebugMode):
         A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
         """
         name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
-        for shape, names, ranks in [*self._meshes.values(), *_KNOWN_MESHES.values()]:
+        for shape, names, ranks in [*self._meshes.values(), *_torch.known_mesh_infos()]:
             if len(ranks) != sum(len(g) for g in groups):
                 continue
             d = _mesh.match_dim(groups, shape, ranks)
@@ -661,9 +686,6 @@ def _called_by_user(frame: FrameType | None) -> bool:
 def _is_library(frame: FrameType) -> bool:
     fn = frame.f_code.co_filename
     return fn.startswith(_TORCH_DIR) or fn.startswith(_OWN_DIR)
-
-
-_KNOWN_MESHES: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
 
 
 class _RedistributeScope:
@@ -756,6 +778,18 @@ def _redistribute_layouts(
     except Exception:
         before = after = None
     return before, after, src_pl, dst_pl
+
+
+def _same_buffers(a: list[Any], b: list[Any]) -> bool:
+    return all(
+        isinstance(x, torch.Tensor)
+        and isinstance(y, torch.Tensor)
+        and x.shape == y.shape
+        and x.dtype == y.dtype
+        and x.device.type != "meta"
+        and torch.equal(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _flatten(x: Any) -> list[Any]:

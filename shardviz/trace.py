@@ -65,12 +65,25 @@ class Summary:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TensorSnapshot:
-    """One rank's buffer at one moment: shape and dtype always, values within the budget."""
+    """One rank's buffer at one moment: shape and dtype always, values within the budget.
+
+    ``values`` may be shared between ranks that hold identical buffers (after an all-reduce,
+    say): treat them as read-only. ``summary`` is derived from the values when first read.
+    """
 
     shape: tuple[int, ...]
     dtype: str
     values: np.ndarray | None = None
-    summary: Summary | None = None
+    _summary: Summary | None = field(default=None, repr=False)
+
+    @property
+    def summary(self) -> Summary | None:
+        """min / max / mean / NaN count of the values (None when only metadata was kept)."""
+        if self.values is None:
+            return None
+        if self._summary is None:
+            object.__setattr__(self, "_summary", summarize(self.values))
+        return self._summary
 
     @property
     def nbytes(self) -> int:
@@ -81,8 +94,6 @@ class TensorSnapshot:
             return NotImplemented
         if self.shape != other.shape or self.dtype != other.dtype:
             return False
-        if not _summary_eq(self.summary, other.summary):
-            return False
         if (self.values is None) != (other.values is None):
             return False
         return self.values is None or _array_eq(self.values, other.values)  # type: ignore[arg-type]
@@ -92,24 +103,24 @@ class TensorSnapshot:
         return f"TensorSnapshot(shape={self.shape}, dtype={self.dtype!r}, {kept})"
 
 
+def summarize(a: np.ndarray) -> Summary:
+    if a.size == 0:
+        return Summary(None, None, None, 0)
+    x = np.abs(a) if a.dtype.kind == "c" else a.astype(np.float64) if a.dtype.kind == "b" else a
+    nan = int(np.isnan(x).sum()) if x.dtype.kind == "f" else 0
+    if nan == x.size:
+        return Summary(None, None, None, nan)
+    if nan:
+        return Summary(float(np.nanmin(x)), float(np.nanmax(x)), float(np.nanmean(x)), nan)
+    return Summary(float(x.min()), float(x.max()), float(x.mean(dtype=np.float64)), 0)
+
+
 def _array_eq(a: np.ndarray, b: np.ndarray) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.dtype.kind in "fc":
         return bool(np.array_equal(a, b, equal_nan=True))
     return bool(np.array_equal(a, b))
-
-
-def _summary_eq(a: Summary | None, b: Summary | None) -> bool:
-    if a is None or b is None:
-        return a is b
-
-    def same(x: float | None, y: float | None) -> bool:
-        if x is None or y is None:
-            return x is y
-        return x == y or (math.isnan(x) and math.isnan(y))
-
-    return same(a.min, b.min) and same(a.max, b.max) and same(a.mean, b.mean) and a.nan == b.nan
 
 
 # A rank's snapshot, or a list of them for list-valued collectives (all_gather(list, t), ...).
@@ -360,10 +371,14 @@ _NUMPY_LACKS = {
 class _Writer:
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
+        self._keys: dict[int, str] = {}  # arrays shared between snapshots are written once
 
     def array(self, a: np.ndarray) -> str:
-        key = f"a{len(self.arrays)}"
-        self.arrays[key] = np.ascontiguousarray(a)
+        key = self._keys.get(id(a))
+        if key is None:
+            key = f"a{len(self.arrays)}"
+            self.arrays[key] = np.ascontiguousarray(a)
+            self._keys[id(a)] = key
         return key
 
     def snapshot(self, s: TensorSnapshot) -> dict[str, Any]:
@@ -420,18 +435,6 @@ def _summary_json(s: Summary | None) -> dict[str, Any] | None:
         return x
 
     return {"min": num(s.min), "max": num(s.max), "mean": num(s.mean), "nan": s.nan}
-
-
-def _summary_from(d: dict[str, Any] | None) -> Summary | None:
-    if d is None:
-        return None
-
-    def num(x: Any) -> float | None:
-        if x is None:
-            return None
-        return float(x)
-
-    return Summary(min=num(d["min"]), max=num(d["max"]), mean=num(d["mean"]), nan=int(d["nan"]))
 
 
 def save(trace: Trace, path: str | Path) -> Path:
@@ -521,9 +524,16 @@ def load(path: str | Path) -> Trace:
                 f"up to {VERSION}): upgrade shardviz to open it"
             )
 
+        arrays: dict[str, np.ndarray] = {}
+
         def array(key: str) -> np.ndarray:
+            if key in arrays:  # shared between snapshots when saved: shared again
+                return arrays[key]
             try:
-                return np.lib.format.read_array(io.BytesIO(z.read(f"arrays/{key}.npy")), allow_pickle=False)
+                arrays[key] = np.lib.format.read_array(
+                    io.BytesIO(z.read(f"arrays/{key}.npy")), allow_pickle=False
+                )
+                return arrays[key]
             except KeyError:
                 raise TraceFileError(f"{path} is damaged: array {key} is missing") from None
             except (ValueError, zipfile.BadZipFile, OSError) as e:
@@ -549,7 +559,6 @@ def _decode_snapshot(d: dict[str, Any], array: Any) -> TensorSnapshot:
         shape=tuple(d["shape"]),
         dtype=d["dtype"],
         values=array(d["values"]) if d["values"] is not None else None,
-        summary=_summary_from(d["summary"]),
     )
 
 

@@ -25,6 +25,9 @@ class LocalBackend:
         self.world_size = check_world_size(world_size)
         self._owns_pg = False
         self._ensure_pg()
+        # One mode for the backend's life: its cache of per-rank mesh coordinates then survives
+        # from cell to cell (recomputing them costs ~N^2 small ops: seconds at 256 ranks).
+        self._mode = _torch.LocalTensorMode(self.world_size)
 
     def key(self) -> tuple[Any, ...]:
         return ("local", self.world_size)
@@ -62,7 +65,11 @@ class LocalBackend:
                 f"simulates {self.world_size}; collectives would silently skip ranks. Leave that mode, or "
                 f"call sv.use('local', world_size={len(outer.ranks)})."
             )
-        mode = _torch.LocalTensorMode(self.world_size)
+        mode = self._mode
+        if outer is mode:
+            yield mode  # already inside this backend's simulation
+            return
+        _torch.reuse_local_mode(mode)
         with mode:
             yield mode
 

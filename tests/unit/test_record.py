@@ -114,17 +114,31 @@ def test_value_policy_none_keeps_metadata():
 
 def test_value_budget_runs_out_and_says_where():
     sv.use("local", world_size=4)
-    # Each all_reduce of 4 floats on 4 ranks snapshots 4 x 16 bytes of inputs and as much output:
-    # 128 bytes. A 200-byte budget keeps the first one whole and the second one's inputs only.
-    with sv.record(values=200) as trace:
-        t = torch.ones(4)
+    # An all_reduce of 4 floats on 4 ranks keeps 4 x 16 bytes of inputs and one shared 16-byte
+    # output (every rank holds the same sum): 80 bytes. A 100-byte budget keeps the first one
+    # whole, then rank 0's input of the second, and nothing after.
+    with sv.record(values=100) as trace:
+        t = sv.per_rank(lambda r: torch.full((4,), float(r)))
         dist.all_reduce(t)
         dist.all_reduce(t)
     first, second = trace.collectives()
-    assert first.outputs[3].values is not None and first.outputs[3].summary.max == 4.0
-    assert second.inputs[3].values is not None and second.outputs[0].values is None
-    assert second.outputs[0].summary is None and second.outputs[0].shape == (4,)
+    assert first.outputs[3].values is not None and first.outputs[3].summary.max == 6.0
+    assert first.outputs[0] is first.outputs[3]  # shared, not copied per rank
+    assert second.inputs[0].values is not None and second.inputs[1].values is None
+    assert second.outputs[0].values is None and second.outputs[0].summary is None
+    assert second.outputs[0].shape == (4,)
     assert trace.values_dropped_from == second.id
+
+
+def test_identical_outputs_are_shared_but_differing_ones_are_not():
+    sv.use("local", world_size=4)
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (2, 2))
+        t = sv.per_rank(lambda r: torch.full((2,), float(r)))
+        dist.all_reduce(t, group=mesh.get_group(1))  # groups [0,1] and [2,3]
+    (c,) = trace.collectives()
+    assert c.outputs[0] is c.outputs[1] and c.outputs[2] is c.outputs[3]
+    assert c.outputs[0].values.tolist() == [1.0, 1.0] and c.outputs[2].values.tolist() == [5.0, 5.0]
 
 
 @pytest.mark.parametrize("bad", ["some", -1, 1.5, None])
@@ -213,13 +227,18 @@ def test_strided_scatter_bug_is_explained():
     assert dt.to_local()._local_tensors[1].tolist() == [2.0, 3.0, 6.0, 7.0]
 
 
-def test_torch_compile_is_explained():
+@pytest.mark.timeout(240)
+def test_torch_compile_eager_backends_work_and_inductor_is_explained():
     sv.use("local", world_size=4)
     with sv.record():
         mesh = init_device_mesh("cpu", (4,))
         dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
-    with pytest.raises(Exception, match="torch.compile of DTensor code is not supported") as e, sv.record():
-        torch.compile(lambda t: (t * 2).sum(), backend="eager")(dt)
+    for backend in ("eager", "aot_eager"):
+        with sv.record():
+            out = torch.compile(lambda t: (t * 2).full_tensor(), backend=backend)(dt)
+        assert out.reconcile().tolist() == [2.0 * i for i in range(8)], backend
+    with pytest.raises(Exception, match='backend="aot_eager"') as e, sv.record():
+        torch.compile(lambda t: (t * 3).sum(), backend="inductor")(dt)
     assert type(e.value).__module__.startswith("torch")  # the original error type, explained
     assert no_modes_left()
 
