@@ -15,6 +15,7 @@ from .layout import compute as _compute_layout
 from .placement import Placement
 from .plan import plan
 from .record import last_trace, per_rank, record, run
+from .show import export_html, plot, show
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 from .trace import load as _load
 
@@ -33,15 +34,18 @@ __all__ = [
     "Trace",
     "__version__",
     "device_type",
+    "export_html",
     "last_trace",
     "layout",
     "load",
     "load_ipython_extension",
     "per_rank",
     "plan",
+    "plot",
     "record",
     "restart",
     "run",
+    "show",
     "use",
 ]
 

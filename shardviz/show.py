@@ -1,0 +1,200 @@
+"""``sv.show`` / ``sv.plot`` / ``sv.export_html``: torch objects become plain data, then a view.
+
+Views never touch torch. This module is the one step between: a DTensor becomes its ``Layout``
+plus each rank's local values as numpy arrays; a LocalTensor (per-rank values, no placements)
+becomes a side-by-side layout. ``show_layout`` takes that plain data directly, so a real-process
+backend can draw shards it gathered from its ranks without any torch object at hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from . import _torch
+from .layout import Layout, ShardInfo
+from .layout import compute as _compute_layout
+from .recorder import _numpy
+from .trace import Event, Trace
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .views.widgets import LayoutWidget
+
+_ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
+_VIEW_OPTIONS = ("dims", "index", "heatmap", "title")
+_WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
+
+
+def show(obj: Any, **options: Any) -> LayoutWidget:
+    """The layout view of a DTensor, a LocalTensor or a Layout, as a notebook widget.
+
+    Options: ``dims=(rows, cols)`` (tensors of 3+ dims), ``index`` (slider positions),
+    ``heatmap``, ``title``, ``selected`` (a rank), and for a Layout ``values={rank: array}``.
+    """
+    layout, values, extra = _plain(obj, "sv.show", options)
+    return show_layout(layout, values, **{**extra, **options})
+
+
+def show_layout(
+    layout: Layout, values: Mapping[int, np.ndarray] | None = None, **options: Any
+) -> LayoutWidget:
+    """The layout widget from plain data: a Layout and, optionally, each rank's local values.
+
+    ``values[rank]`` must have that rank's local shape (``layout.shard(rank).shape``).
+    """
+    from .views.widgets import LayoutWidget  # ipywidgets only when a view is asked for
+
+    _check_options("sv.show_layout", options, (*_WIDGET_OPTIONS, "values_note"))
+    return LayoutWidget(layout, values, **options)
+
+
+def plot(obj: Any, **options: Any) -> Figure:
+    """The same picture as a matplotlib Figure: deterministic, for papers and saved notebooks.
+
+    Options: ``dims``, ``index``, ``heatmap``, ``title``; for a Layout also ``values``.
+    """
+    from .views.mpl import plot_layout
+
+    layout, values, extra = _plain(obj, "sv.plot", options)
+    extra.pop("values_note", None)
+    opts = {**extra, **options}
+    _check_options("sv.plot", opts, _VIEW_OPTIONS)
+    return plot_layout(layout, values, **opts)
+
+
+def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
+    """One self-contained HTML file of the layout view that renders with no kernel and no network.
+
+    Values are embedded up to ``values_budget`` bytes (default 16 MiB); past it the page keeps
+    the geometry and says why values are missing.
+    """
+    from .views.widgets import EXPORT_VALUES_BUDGET
+
+    budget = options.pop("values_budget", EXPORT_VALUES_BUDGET)
+    layout, values, extra = _plain(obj, "sv.export_html", options)
+    widget = show_layout(layout, values, **{**extra, **options})
+    try:
+        return widget.export_html(path, values_budget=budget)
+    finally:
+        widget.close()
+
+
+# ---- torch -> plain data ------------------------------------------------------------------------
+
+
+def _plain(
+    obj: Any, who: str, options: dict[str, Any]
+) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
+    """(layout, per-rank values or None, default view options) for any object the API accepts."""
+    if isinstance(obj, Layout):
+        return obj, options.pop("values", None), {}
+    if "values" in options:
+        raise TypeError(f"{who}(..., values=...) is only for a Layout: a {type(obj).__name__} brings its own")
+    if isinstance(obj, Trace | Event):
+        _player(obj, who)
+    if _torch.is_dtensor(obj):
+        return _from_dtensor(obj)
+    if _torch.is_local_tensor(obj):
+        return _from_local_tensor(obj)
+    if isinstance(obj, torch.Tensor):
+        raise TypeError(
+            f"{who} got a plain torch.Tensor {tuple(obj.shape)}, which has no mesh or placements. "
+            f"{who} accepts {_ACCEPTS}: distribute it first (distribute_tensor(t, mesh, placements) "
+            f"inside sv.record()), or draw the geometry alone with {who}(sv.layout({tuple(obj.shape)}, "
+            '(4,), ["S(0)"]))'
+        )
+    raise TypeError(f"{who} accepts {_ACCEPTS}; got {type(obj).__name__}")
+
+
+def _player(obj: Any, who: str) -> None:
+    """The one place where the collective player (a later view) plugs in for traces and events."""
+    hint = ""
+    if hasattr(obj, "before") and hasattr(obj, "after"):
+        hint = f"; this redistribute's layouts are drawn by {who}(event.before) and {who}(event.after)"
+    raise TypeError(
+        f"{who} of a {type(obj).__name__} needs the collective player, which shardviz does not have yet. "
+        f"{who} accepts {_ACCEPTS}{hint}"
+    )
+
+
+def _values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
+    with _torch.no_dispatch():
+        return {int(r): _numpy(t) for r, t in tensors.items()}
+
+
+def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
+    layout = _compute_layout(**_torch.dtensor_geometry(dt))
+    local = dt._local_tensor
+    per_rank = _torch.local_tensors(local)
+    try:
+        if per_rank is not None:
+            return layout, _values(per_rank), {}
+        replicated = all(p == "R" for p in layout.placements)
+        if replicated or layout.world_size == 1:
+            # A Replicate-only DTensor may hold one plain tensor: every rank has the same values.
+            same = _values({0: local})[0]
+            return layout, {r: same for r in layout.ranks}, {}
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        return layout, None, {"values_note": f"values unavailable ({type(e).__name__}: {e}); geometry only"}
+    return (
+        layout,
+        None,
+        {
+            "values_note": "values unknown: this DTensor holds only this process's shard; inside a "
+            "%%spmd cell sv.show gathers every rank's"
+        },
+    )
+
+
+def _from_local_tensor(lt: Any) -> tuple[Layout, dict[int, np.ndarray], dict[str, Any]]:
+    """Per-rank tensors side by side: concatenated along the last dim, one mesh cell per rank."""
+    per_rank = _torch.local_tensors(lt)
+    assert per_rank is not None
+    values = _values(dict(sorted(per_rank.items())))
+    ndims = {a.ndim for a in values.values()}
+    if len(ndims) != 1:
+        raise ValueError(
+            f"this LocalTensor's ranks hold tensors of different ranks (ndim {sorted(ndims)}); sv.show draws "
+            "per-rank tensors side by side only when they have the same number of dims"
+        )
+    values = {r: a.reshape(1) if a.ndim == 0 else a for r, a in values.items()}
+    nd = max(ndims.pop(), 1)
+    ranks = tuple(values)
+    last = nd - 1
+    starts = np.cumsum([0] + [a.shape[last] for a in values.values()])
+    lead = tuple(max(a.shape[d] for a in values.values()) for d in range(last))
+    shape = (*lead, int(starts[-1]))
+    shards = []
+    for i, (rank, a) in enumerate(values.items()):
+        indices = tuple(
+            (range(int(starts[i]), int(starts[i + 1])),)
+            if d == last
+            else ((range(0, a.shape[d]),) if a.shape[d] else ())
+            for d in range(nd)
+        )
+        indices = tuple(runs if all(len(r) for r in runs) else () for runs in indices)
+        offset = tuple(int(starts[i]) if d == last else 0 for d in range(nd))
+        shards.append(ShardInfo(rank=rank, coord=(i,), offset=offset, shape=a.shape, indices=indices))
+    layout = Layout(
+        global_shape=shape,
+        dtype=_torch.dtype_name(lt.dtype),
+        mesh_shape=(len(ranks),),
+        mesh_dim_names=("rank",),
+        placements=(f"S({last})",),
+        shards=tuple(shards),
+        mesh_ranks=ranks,
+    )
+    title = f"LocalTensor: {len(ranks)} ranks' tensors side by side along dim {last} (no placements)"
+    return layout, values, {"title": title}
+
+
+def _check_options(who: str, options: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise TypeError(f"{who} got unknown option(s) {unknown}; it takes {', '.join(allowed)}")
