@@ -442,3 +442,10 @@ def wait_collective(out: Any, functional: bool) -> None:
             dist.Work.unbox(x).wait()  # c10d ops hand back the Work boxed for the dispatcher
         elif functional and isinstance(x, torch.Tensor):
             torch.ops._c10d_functional.wait_tensor(x)
+
+
+def fake_work() -> Any:
+    """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates)."""
+    from torch._C._distributed_c10d import FakeWork
+
+    return dist.distributed_c10d.Work.boxed(FakeWork())

@@ -489,7 +489,8 @@ class Recorder(_torch.DebugMode):
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
-        out = func(*args, **kwargs)
+        emulate = _EMULATED.get(impl) if self.rank is None else None
+        out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
         if self.rank is not None:  # a real process: the result is only there once the work is done
             _torch.wait_collective(out, functional=spec.group == "group_name")
         if self.on_collective is not None:
@@ -517,6 +518,7 @@ class Recorder(_torch.DebugMode):
             inputs=inputs,
             outputs=outputs,
             nbytes=nbytes,
+            params=_params(bound, spec),
         )
         return out
 
@@ -778,6 +780,91 @@ def _redistribute_layouts(
     except Exception:
         before = after = None
     return before, after, src_pl, dst_pl
+
+
+def _emulate_gather(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d gather, which LocalTensorMode refuses as MPMD: the root's list receives each member's
+    tensor. (In the simulator every rank passes the list, since dist.get_rank() is 0.)"""
+    outs = bound["output_tensors"][0] if bound["output_tensors"] else []
+    inp = bound["input_tensors"][0]
+    root = int(bound["root_rank"])
+    src = _torch.local_tensors(inp)
+    if outs and src is not None:
+        with _torch.no_dispatch():
+            for g in groups:
+                for i, r in enumerate(g):
+                    dst = _torch.local_tensors(outs[i])
+                    if dst is not None and root < len(g):
+                        dst[g[root]].copy_(src[r])
+    return _torch.fake_work()
+
+
+def _emulate_reduce(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d reduce (not in LocalTensorMode): the root's tensor becomes the group's reduction;
+    the other ranks' tensors keep their values, as gloo leaves them."""
+    t = bound["tensors"][0]
+    local = _torch.local_tensors(t)
+    root = int(bound["root_rank"])
+    name = _reduce_name(bound.get("reduce_op")) or "sum"
+    if local is not None:
+        with _torch.no_dispatch():
+            for g in groups:
+                if root < len(g):
+                    local[g[root]].copy_(_reduce_tensors(name, [local[r] for r in g]))
+    return _torch.fake_work()
+
+
+def _emulate_reduce_scatter(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d reduce_scatter of tensor lists (not in LocalTensorMode): member j receives the
+    reduction of every member's j-th input tensor."""
+    out = bound["output_tensors"][0]
+    ins = bound["input_tensors"][0]
+    name = _reduce_name(bound.get("reduce_op")) or "sum"
+    dst = _torch.local_tensors(out)
+    srcs = [_torch.local_tensors(t) for t in ins]
+    if dst is not None and all(s is not None for s in srcs):
+        with _torch.no_dispatch():
+            for g in groups:
+                for j, r in enumerate(g):
+                    dst[r].copy_(_reduce_tensors(name, [srcs[j][q] for q in g]))  # type: ignore[index]
+    return ([out], _torch.fake_work())
+
+
+def _reduce_tensors(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    stack = torch.stack(tensors)
+    if name in ("sum", "avg"):
+        r = stack.sum(0)
+        return r / len(tensors) if name == "avg" else r
+    if name == "product":
+        return stack.prod(0)
+    if name == "max":
+        return stack.amax(0)
+    if name == "min":
+        return stack.amin(0)
+    raise NotImplementedError(f"shardviz cannot simulate reduce op {name!r} for this collective")
+
+
+_EMULATED = {
+    "c10d.gather_": _emulate_gather,
+    "c10d.reduce_": _emulate_reduce,
+    "c10d.reduce_scatter_": _emulate_reduce_scatter,
+}
+
+_NOT_PARAMS = {"async_op", "timeout", "tag", "group_size", "root_tensor", "sparse_indices", "device_ids"}
+
+
+def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
+    """Scalar arguments of a collective that shape its data flow, as JSON values."""
+    skip = {spec.inputs, spec.outputs, spec.group, spec.root, "reduce_op", *_NOT_PARAMS}
+    out: dict[str, Any] = {}
+    for k, v in bound.items():
+        if k in skip:
+            continue
+        if isinstance(v, bool | int | float | str):
+            out[k] = v
+        elif isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
+            out[k] = [int(x) for x in v]
+    return out
 
 
 def _same_buffers(a: list[Any], b: list[Any]) -> bool:

@@ -154,6 +154,9 @@ class CollectiveEvent(Event):
     inputs: PerRank = field(default_factory=dict)
     outputs: PerRank = field(default_factory=dict)
     nbytes: dict[int, int] = field(default_factory=dict)
+    # The op's other arguments that shape its data flow (gather_dim / shard_dim of a DTensor
+    # all-to-all, split sizes, ...), as JSON values.
+    params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def group_size(self) -> int:
@@ -269,6 +272,14 @@ class Trace:
         from .views.text import trace_text
 
         return trace_text(self)
+
+    def summary(self, link: Any = None) -> Any:
+        """Communication cost per collective, per mesh dim and per module (``str()`` is a table,
+        ``.rows`` the data); ``link`` is a preset name ("nvlink4", "pcie5", "ib-ndr", ...) or a
+        ``shardviz.cost.Link``."""
+        from .cost import summary
+
+        return summary(self.events, link)
 
     def __repr__(self) -> str:
         kinds = {k: sum(1 for e in self.events if e.kind == k) for k in EVENT_TYPES}
