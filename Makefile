@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test lint bench wheel-test clean
+.PHONY: setup demo test lint bench notebooks clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,9 @@ test: setup
 lint: setup
 	$(BIN)/python -m ruff check shardviz tests benchmarks
 	$(BIN)/python -m ruff format --check shardviz tests benchmarks
+
+notebooks: setup
+	$(BIN)/python notebooks/execute.py
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

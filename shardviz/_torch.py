@@ -288,6 +288,12 @@ def symint_at_rank(value: Any, rank: int) -> int:
     return int(value)
 
 
+def per_rank_ints(value: Any) -> list[int] | None:
+    """The per-rank values of a SymInt made by LocalTensorMode (None for a plain int)."""
+    local = getattr(getattr(value, "node", None), "_local_ints", None)
+    return [int(v) for v in local.values()] if local is not None else None
+
+
 def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
     return LocalTensor(per_rank)
 

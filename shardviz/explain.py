@@ -47,11 +47,22 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
             str(lay) if lay.world_size <= 16 else str(lay).split("\n", 1)[0] + f" ({lay.world_size} ranks)"
         )
         drawn.append(f"input {i}: " + table)
-    why = (
-        f"{op} has no sharding strategy in DTensor"
-        if no_strategy
-        else f"DTensor has no way to run {op} on inputs placed like this"
-    )
+    cause = error.__cause__
+    if not no_strategy and cause is not None and type(cause).__name__ != "DynamicOutputShapeException":
+        # The operator's own shape check failed on the global shapes: a mistake in the inputs,
+        # not a sharding limitation.
+        explain(
+            error,
+            f"shardviz: {op} rejected these inputs before any sharding was decided ({cause}). "
+            "DTensor checks the operator on the global shapes; here they are:\n" + "\n".join(drawn),
+        )
+        return True
+    if no_strategy:
+        why = f"{op} has no sharding strategy in DTensor"
+    elif cause is not None:
+        why = f"the output shape of {op} depends on the values, so DTensor cannot work out its sharding"
+    else:
+        why = f"DTensor has no way to run {op} on inputs placed like this"
     explain(
         error,
         f"shardviz: {why}.\n" + ("\n".join(drawn) + "\n" if drawn else "") + "Ways out:\n"
@@ -142,8 +153,14 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
 def _shapes(chunks: object) -> str | None:
     if not isinstance(chunks, (list, tuple)):
         return None
+    from . import _torch
+
+    def dim(d: object) -> str:
+        values = _torch.per_rank_ints(d)
+        return str(d) if values is None else "|".join(str(v) for v in sorted(set(values)))
+
     try:
-        return ", ".join(str(list(t.shape)) for t in chunks)  # type: ignore[attr-defined]
+        return ", ".join("(" + ", ".join(dim(d) for d in t.shape) + ")" for t in chunks)  # type: ignore[attr-defined]
     except Exception:
         return None
 

@@ -55,7 +55,8 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
             yield trace
     except BaseException as e:
         trace.complete = False
-        raise explain_simulation_error(e, backend.world_size) from None
+        explain_simulation_error(e, backend.world_size)  # in place: same object, type and cause
+        raise
     finally:
         recorder.finish()
         _set_last(trace)

@@ -94,7 +94,7 @@ def test_sharding_propagation_failure_is_explained(mesh4):
         torch.unique(dt)
     msg = str(e.value)
     assert "Sharding propagation failed for aten._unique2.default" in msg  # torch's own words kept
-    assert "DTensor has no way to run aten._unique2 on inputs placed like this" in msg
+    assert "the output shape of aten._unique2 depends on the values" in msg
     assert "input 0: Layout (8,) float32 on mesh (4,) placements [S(0)]" in msg
     assert "   3  (3,)   (6,)    (2,)   [6:8]" in msg  # the input drawn as text
     assert "x.redistribute(mesh, [Replicate()])" in msg and "DTensor.from_local" in msg
@@ -104,6 +104,17 @@ def test_sharding_propagation_failure_is_explained(mesh4):
     with sv.record():
         u = torch.unique(dt.redistribute(mesh4, [Replicate()]).to_local())
     assert u.reconcile().tolist() == [0.0, 1.0, 2.0, 3.0, 5.0]
+
+
+def test_a_shape_mistake_is_not_called_a_sharding_limitation(mesh4):
+    with sv.record():
+        w = distribute_tensor(torch.ones(3, 8), mesh4, [Shard(0)])
+    with pytest.raises(RuntimeError) as e, sv.record():
+        torch.mm(w, w)
+    msg = str(e.value)
+    assert "aten.mm rejected these inputs before any sharding was decided" in msg
+    assert "must have same reduction dim" in msg and "Ways out" not in msg
+    assert isinstance(e.value.__cause__, RuntimeError)  # torch's own cause is kept
 
 
 def test_missing_strategy_is_explained(mesh4):
