@@ -478,6 +478,11 @@ class Recorder(_torch.DebugMode):
                 self._slots.pop()
                 raise _plain_tensor_error(spec.op, impl)
             ranks = _present_ranks(tensors, self.world_size)
+            if spec.inputs and spec.inputs != spec.outputs and _has_plain(in_arg):
+                # Read-only inputs made outside the simulation (a scatter list built from a plain
+                # tensor, say) hold the same value on every rank: give the collective that.
+                in_arg = bound[spec.inputs] = _lift(in_arg, ranks)
+                args, kwargs = (), bound
             groups = self._groups(gkey, group, ranks)
         else:
             ranks = [self.rank]
@@ -865,6 +870,20 @@ def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
         elif isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
             out[k] = [int(x) for x in v]
     return out
+
+
+def _has_plain(x: Any) -> bool:
+    return any(isinstance(t, torch.Tensor) and not _torch.is_local_tensor(t) for t in _flatten(x))
+
+
+def _lift(x: Any, ranks: Sequence[int]) -> Any:
+    """Plain tensors in (nested lists of) inputs, as LocalTensors holding them on every rank."""
+    if isinstance(x, list | tuple):
+        return type(x)(_lift(v, ranks) for v in x)
+    if isinstance(x, torch.Tensor) and not _torch.is_local_tensor(x):
+        with _torch.no_dispatch():
+            return _torch.new_local_tensor({r: x.detach().clone() for r in ranks})
+    return x
 
 
 def _same_buffers(a: list[Any], b: list[Any]) -> bool:

@@ -125,3 +125,20 @@ def test_missing_strategy_is_explained(mesh4):
     msg = str(e.value)
     assert "aten.searchsorted.Tensor has no sharding strategy in DTensor" in msg
     assert msg.count("placements [S(0)]") == 2  # both inputs drawn
+
+
+def test_scatter_from_a_list_of_plain_tensors(mesh4):
+    # The seed's block-wise recipe: rank 0 scatters blocks it built from a plain global tensor.
+    big = torch.arange(24.0).reshape(12, 2)
+    blocks = list(big.chunk(4))
+    with sv.record() as trace:
+        recv = torch.zeros(3, 2)
+        dist.scatter(recv, blocks, src=0)
+        back = [torch.zeros(3, 2) for _ in range(4)]
+        dist.gather(recv * 10, back, dst=0)
+    for r in range(4):
+        assert torch.equal(recv._local_tensors[r], blocks[r])
+        assert torch.equal(back[r]._local_tensors[0], blocks[r] * 10)  # the root received them all
+    scatter, gather = trace.collectives()
+    assert scatter.inputs[2][1].values.tolist() == blocks[1].tolist()  # every rank lists the blocks
+    assert [gather.outputs[0][i].values.tolist() for i in range(4)] == [(b * 10).tolist() for b in blocks]
