@@ -10,6 +10,7 @@ from typing import Any
 from . import _torch
 from .backends import device_type, restart
 from .backends import use as _use
+from .compare import compare
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .placement import Placement
@@ -33,6 +34,7 @@ __all__ = [
     "TensorSnapshot",
     "Trace",
     "__version__",
+    "compare",
     "device_type",
     "export_html",
     "last_trace",

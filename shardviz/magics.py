@@ -26,7 +26,8 @@ USAGE = """\
 %shardviz use nccl N [key=value]   N real GPU processes, one per GPU
 %shardviz restart                  rebuild the current backend
 %shardviz status                   show the current backend
-%%spmd [--values=all|none|BYTES]   run the cell on every rank and record it (sv.last_trace())"""
+%%spmd [--values=all|none|BYTES]   run the cell on every rank and record it (sv.last_trace())
+%%spmd --compare                   run it in the simulator and on the real ranks; report differences"""
 
 
 def _number_or_word(text: str) -> Any:
@@ -103,12 +104,19 @@ class ShardvizMagics(Magics):
     def spmd(self, line: str, cell: str) -> Any:
         """Run the cell as SPMD code on every rank of the current backend, recorded."""
         values: str | int | None = None
+        compare = False
         for word in shlex.split(line):
             if word.startswith("--values="):
                 values = parse_values(word.split("=", 1)[1])
+            elif word == "--compare":
+                compare = True
             else:
                 raise ValueError(f"unknown %%spmd option {word!r}\n{USAGE}")
         backend = backends.current()
+        if compare:
+            from .compare import compare_cell
+
+            return compare_cell(cell, self.shell, values)
         if backend.name != "local":
             return backend.run_cell(cell, self.shell, values=values)  # type: ignore[attr-defined]
         body, last = compile_cell(cell)
@@ -125,6 +133,12 @@ def compile_cell(cell: str) -> tuple[Any, Any]:
     """Compile a cell into (statements, last expression or None), registered for tracebacks."""
     filename = f"<spmd-cell-{next(_cells)}>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
+    return split_cell(cell, filename)
+
+
+def split_cell(cell: str, filename: str) -> tuple[Any, Any]:
+    """(statements, last expression or None) of a cell compiled under ``filename``; real ranks
+    compile a cell under the notebook's file name so that traces and tracebacks agree."""
     tree = ast.parse(cell, filename=filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr) and not cell.rstrip().endswith(";"):

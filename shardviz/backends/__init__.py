@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from .base import Backend
@@ -19,6 +21,10 @@ def _build(name: str, world_size: int, **options: Any) -> Backend:
         if options:
             raise TypeError(f"the local backend takes no options, got {sorted(options)}")
         return LocalBackend(world_size)
+    if name in ("gloo", "nccl"):
+        from .cluster import ClusterBackend
+
+        return ClusterBackend(name, world_size, **options)
     raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
 
 
@@ -39,6 +45,19 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
     return _current
 
 
+@contextlib.contextmanager
+def swapped(backend: Backend) -> Iterator[Backend]:
+    """Make ``backend`` current for a while without closing the one in use (``sv.compare`` runs
+    the simulator next to a real backend this way)."""
+    global _current
+    saved = _current
+    _current = backend
+    try:
+        yield backend
+    finally:
+        _current = saved
+
+
 def current() -> Backend:
     """The active backend, building the default (local, 4 ranks) on first use."""
     global _current
@@ -55,6 +74,9 @@ def restart() -> Backend:
     """Tear the current backend down and build it again with the same arguments."""
     global _current
     old = current()
+    if callable(getattr(old, "restart", None)):
+        old.restart()  # type: ignore[attr-defined]  # real backends rebuild in place (new PG / engines)
+        return old
     name, world_size = old.name, old.world_size
     options = dict(getattr(old, "options", {}) or {})
     old.close()

@@ -1,0 +1,504 @@
+"""What runs inside each rank's ipyparallel engine: the process group, ``%%spmd`` cells, ``sv.run``.
+
+The client (``cluster.py``) sends these functions by reference; the engines import shardviz from
+the same environment. Everything sent back is plain data — dicts, strings, bytes, numpy arrays and
+CPU tensors — carried by ipyparallel's own transport; a rank's trace travels as the bytes of
+``trace.save`` (JSON and ``.npy``), so the client never unpickles a shardviz object.
+
+Before a rank enters a collective it publishes which one (ipyparallel's data channel, sent from a
+background thread), so the client can see where a rank blocked inside gloo or NCCL is, even though
+that rank cannot answer until the process-group timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import json
+import linecache
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import _torch
+from ..errors import BackendError
+from ..trace import Source, Trace
+
+# The mimetype a ``sv.show`` marker displays as on a rank; the client swaps in the widget.
+SHOW_MIME = "application/vnd.shardviz.show+json"
+SHOW_KEY = "__shardviz_show__"
+FLIGHT_KEY = "shardviz_flight"
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_MAX_SHOWS = 64
+
+
+@dataclass
+class _RankState:
+    rank: int
+    world_size: int
+    backend: str
+    local_rank: int
+    timeout_s: float
+    shows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    displayed: set[int] = field(default_factory=set)
+    next_show: int = 0
+
+
+_state: _RankState | None = None
+
+
+class RankBackend:
+    """shardviz's backend inside a rank's own process: code runs here directly, on this rank.
+
+    Installed on the engine by ``setup`` so that ``sv.device_type()`` and ``sv.per_rank`` in a
+    ``%%spmd`` cell mean the same as in the simulator.
+    """
+
+    def __init__(self, name: str, world_size: int, rank: int) -> None:
+        self.name = name
+        self.world_size = world_size
+        self.rank = rank
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.name, self.world_size)
+
+    def device_type(self) -> str:
+        return "cuda" if self.name == "nccl" else "cpu"
+
+    def close(self) -> None:
+        """The client owns the process group; nothing to release from inside a cell."""
+
+    def per_rank(self, fn: Callable[[int], Any]) -> Any:
+        v = fn(self.rank)
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(
+                f"sv.per_rank: fn({self.rank}) returned a {type(v).__name__}; it must return a tensor "
+                "per rank"
+            )
+        return v
+
+    def run(self, fn: Callable[..., Any], args: Any, kwargs: Any, values: Any = None) -> Any:
+        raise BackendError(
+            "sv.run inside a %%spmd cell: the cell already runs on every rank and is recorded; "
+            "call the function directly"
+        )
+
+    def __repr__(self) -> str:
+        return f"RankBackend({self.name!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+# --- start-up ------------------------------------------------------------------------------------
+
+
+def hello() -> dict[str, Any]:
+    """Where this engine runs and what it has; importing this module imported torch and shardviz."""
+    import shardviz
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "python": sys.executable,
+        "torch": torch.__version__,
+        "shardviz": shardviz.__version__,
+    }
+
+
+def free_port(addr: str) -> int:
+    """A free TCP port on this host for the process group's store (rank 0 hosts it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr not in ("", "localhost") else "127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def address() -> str:
+    """This host's address as other hosts would reach it (for MASTER_ADDR across machines)."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
+
+
+def setup(
+    rank: int,
+    world_size: int,
+    backend: str,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float,
+    local_rank: int,
+) -> dict[str, Any]:
+    """Join a fresh process group: a new port each time and an explicit timeout.
+
+    nccl ranks pick their GPU first (``local_rank`` among the engines on this host), so that each
+    process initialises CUDA on its own device only.
+    """
+    global _state
+    _destroy_pg()
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(local_rank),
+    )
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    t0 = time.perf_counter()
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{_bracket(master_addr)}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    _state = _RankState(rank, world_size, backend, local_rank, timeout_s)
+    _install(RankBackend(backend, world_size, rank))
+    return {"rank": rank, "pid": os.getpid(), "init_s": time.perf_counter() - t0}
+
+
+def teardown() -> None:
+    """Leave the process group and forget this rank's state; the engine itself keeps running."""
+    global _state
+    _destroy_pg()
+    _state = None
+    from .. import backends
+
+    if isinstance(backends.peek(), RankBackend):
+        backends._current = None
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def _destroy_pg() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _install(backend: RankBackend) -> None:
+    from .. import backends
+
+    backends._current = backend
+
+
+def _require_state() -> _RankState:
+    if _state is None or not dist.is_initialized():
+        raise BackendError("this engine has no shardviz process group; run sv.restart() in the notebook")
+    return _state
+
+
+# --- the flight recorder -------------------------------------------------------------------------
+
+
+class Flight:
+    """Which collective this rank is in, published before it enters, for the client to compare."""
+
+    def __init__(self, publish: Callable[[dict[str, Any]], None] | None) -> None:
+        self.publish = publish
+        self.n = 0
+        self.counts: dict[tuple[int, ...], int] = {}
+        self.last: dict[str, Any] | None = None
+
+    def __call__(
+        self, stage: str, op: str, groups: tuple[tuple[int, ...], ...], source: Source | None
+    ) -> None:
+        group = tuple(int(r) for r in groups[0]) if groups else ()
+        if stage == "enter":
+            self.n += 1
+            self.counts[group] = self.counts.get(group, 0) + 1
+            self.last = {
+                "n": self.n,
+                "op": op,
+                "group": group,
+                "gseq": self.counts[group],
+                "line": source.line if source else None,
+                "text": source.text if source else "",
+                "state": "in",
+            }
+        elif self.last is not None:
+            self.last = {**self.last, "state": "out"}
+        if self.publish is not None:
+            self.publish({FLIGHT_KEY: self.summary()})
+
+    def summary(self) -> dict[str, Any]:
+        return {"last": self.last, "counts": dict(self.counts), "n": self.n}
+
+
+def _publisher() -> Callable[[dict[str, Any]], None] | None:
+    """ipyparallel's data channel when running in an engine, else nothing (in-process tests)."""
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:
+        return None
+    if not ZMQInteractiveShell.initialized():
+        return None
+    shell = ZMQInteractiveShell.instance()
+    if getattr(shell, "data_pub", None) is None:
+        return None
+    from ipyparallel.datapub import publish_data
+
+    return publish_data
+
+
+# --- sv.show on a rank ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShowMarker:
+    """What ``sv.show(x)`` returns on a rank: the client draws the widget in its place."""
+
+    id: int
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        if _state is not None:
+            _state.displayed.add(self.id)
+        return {"text/plain": f"<shardviz show #{self.id}>", SHOW_MIME: {"id": self.id}}
+
+
+def show(obj: Any, **options: Any) -> ShowMarker:
+    """``sv.show`` inside a ``%%spmd`` cell: keep this rank's layout and shard (on the CPU) for the
+    client, which gathers every rank's and draws the widget in the notebook."""
+    from ..layout import Layout
+    from ..layout import compute as compute_layout
+    from ..recorder import _numpy
+
+    st = _require_state()
+    if _torch.is_dtensor(obj):
+        layout = compute_layout(**_torch.dtensor_geometry(obj))
+        values: np.ndarray | None = _numpy(obj.to_local())
+    elif isinstance(obj, Layout):
+        layout, values = obj, None
+    else:
+        raise TypeError(
+            f"sv.show inside a %%spmd cell takes a DTensor or a Layout, not {type(obj).__name__}; show a "
+            "trace from an ordinary cell: sv.show(sv.last_trace())"
+        )
+    try:
+        json.dumps(options)
+    except TypeError:
+        raise TypeError(
+            "sv.show options inside a %%spmd cell must be plain values (numbers, strings, lists)"
+        ) from None
+    mid = st.next_show
+    st.next_show += 1
+    st.shows[mid] = {"layout": layout.to_dict(), "values": values, "options": options}
+    for old in [k for k in st.shows if k < mid - _MAX_SHOWS]:
+        del st.shows[old]
+    return ShowMarker(mid)
+
+
+class _ShowPatch:
+    """Route ``sv.show`` to this rank's gatherer while a cell or function runs."""
+
+    def __enter__(self) -> None:
+        import shardviz
+
+        self.had = "show" in shardviz.__dict__
+        self.prev = shardviz.__dict__.get("show")
+        shardviz.show = show  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        import shardviz
+
+        if self.had:
+            shardviz.show = self.prev  # type: ignore[attr-defined]
+        else:
+            del shardviz.show  # type: ignore[attr-defined]
+
+
+# --- running code --------------------------------------------------------------------------------
+
+
+def _user_ns() -> dict[str, Any]:
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:
+        return globals().setdefault("_fallback_ns", {})  # type: ignore[no-any-return]
+    return ip.user_ns  # type: ignore[no-any-return]
+
+
+def bind_imports(ns: dict[str, Any], imports: dict[str, tuple[str, ...]]) -> None:
+    """Bind the notebook's imported names here (``sv``, ``torch``, ``Shard``...), by name."""
+    for name, spec in imports.items():
+        try:
+            obj: Any = importlib.import_module(spec[1])
+            if spec[0] == "attr":
+                for part in spec[2].split("."):
+                    obj = getattr(obj, part)
+        except Exception:
+            continue
+        ns[name] = obj
+
+
+def run_cell(
+    source: str, filename: str, values: str | int, imports: dict[str, tuple[str, ...]]
+) -> dict[str, Any]:
+    """Run a ``%%spmd`` cell on this rank inside ``record_rank``; names persist in the engine."""
+    ns = _user_ns()
+    bind_imports(ns, imports)
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+
+    def body() -> Any:
+        from ..magics import split_cell
+
+        stmts, last = split_cell(source, filename)
+        if stmts is not None:
+            exec(stmts, ns)
+        return eval(last, ns) if last is not None else None
+
+    return _recorded(body, values, filename)
+
+
+def run_fn(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    env: dict[str, Any],
+    values: str | int,
+) -> dict[str, Any]:
+    """Run ``sv.run``'s function on this rank; its globals are this rank's names plus what the
+    client resolved (imports by name, plain constants, helper functions)."""
+    ns = _user_ns()
+    for filename, lines in env.get("lines", {}).items():
+        if not linecache.getlines(filename):
+            linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
+    g = dict(ns)
+    bind_imports(g, env.get("imports", {}))
+    g.update(env.get("constants", {}))
+    for name, f in env.get("functions", {}).items():
+        g[name] = _rebind(f, g)
+    fn = _rebind(fn, g) if isinstance(fn, types.FunctionType) else fn
+    filename = fn.__code__.co_filename if isinstance(fn, types.FunctionType) else ""
+    return _recorded(lambda: fn(*args, **kwargs), values, filename)
+
+
+def _rebind(f: Any, g: dict[str, Any]) -> Any:
+    if not isinstance(f, types.FunctionType):
+        return f
+    new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+    new.__kwdefaults__ = f.__kwdefaults__
+    new.__qualname__ = f.__qualname__
+    return new
+
+
+def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict[str, Any]:
+    from ..record import record_rank
+
+    st = _require_state()
+    st.displayed = set()
+    first_show = st.next_show
+    flight = Flight(_publisher())
+    error = None
+    value: Any = None
+    trace: Trace | None = None
+    t0 = time.perf_counter()
+    try:
+        with _ShowPatch(), record_rank(st.rank, st.world_size, values, on_collective=flight) as trace:
+            value = body()
+    except BaseException as e:
+        error = describe_error(e, filename)
+    elapsed = time.perf_counter() - t0
+    value = portable(value)
+    _flush_stdio()
+    shown = set(range(first_show, st.next_show)) | st.displayed | _marker_ids(value)
+    return {
+        "rank": st.rank,
+        "error": error,
+        "value": value,
+        "trace": trace_bytes(trace) if trace is not None else None,
+        "flight": flight.summary(),
+        "shows": {i: st.shows[i] for i in sorted(shown) if i in st.shows},
+        "seconds": elapsed,
+    }
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def describe_error(e: BaseException, filename: str) -> dict[str, Any]:
+    """The rank's exception as text, starting at the user's code rather than in shardviz."""
+    te = traceback.TracebackException.from_exception(e)
+    frames = [f for f in te.stack if not _plumbing(f.filename)]
+    te.stack = traceback.StackSummary.from_list(frames or list(te.stack))
+    text = "".join(te.format())
+    msg = str(e)
+    distributed = isinstance(e, getattr(dist, "DistError", ())) or any(
+        word in msg for word in ("gloo", "NCCL", "Timed out", "Connection closed", "Connection reset")
+    )
+    return {"ename": type(e).__name__, "evalue": msg, "traceback": text, "distributed": distributed}
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TORCH_PLUMBING = tuple(
+    os.path.join(_TORCH_DIR, f)
+    for f in ("_compile.py", "_dynamo", "distributed/c10d_logger.py", "utils/_python_dispatch.py", "_ops.py")
+)
+
+
+def _plumbing(filename: str) -> bool:
+    """Frames the user did not write and cannot act on: shardviz's own, torch's dispatch layers."""
+    return filename.startswith((_OWN_DIR, *_TORCH_PLUMBING)) or filename.endswith("contextlib.py")
+
+
+def portable(value: Any) -> Any:
+    """A value as the client may see it: DTensor → its local shard, tensors on the CPU, markers as
+    plain dicts; anything that cannot travel becomes its repr."""
+    if isinstance(value, ShowMarker):
+        return {SHOW_KEY: value.id}
+    if _torch.is_dtensor(value):
+        value = value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(portable(v) for v in value)
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return f"<unpicklable {type(value).__name__}: {value!r:.200}>"
+    return value
+
+
+def _marker_ids(value: Any) -> set[int]:
+    if isinstance(value, dict):
+        if set(value) == {SHOW_KEY}:
+            return {int(value[SHOW_KEY])}
+        return set().union(*(_marker_ids(v) for v in value.values())) if value else set()
+    if isinstance(value, tuple | list):
+        return set().union(*(_marker_ids(v) for v in value)) if value else set()
+    return set()
+
+
+def trace_bytes(trace: Trace) -> bytes:
+    """The trace as the bytes of ``trace.save``: JSON and ``.npy``, no pickle."""
+    with tempfile.TemporaryDirectory(prefix="shardviz-") as d:
+        return trace.save(Path(d) / "rank.svtrace").read_bytes()
+
+
+def ping() -> int:
+    return os.getpid()

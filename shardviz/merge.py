@@ -1,0 +1,225 @@
+"""One trace from many: merge what each real rank recorded into the simulator's schema.
+
+A real rank sees only its own buffers and its own group; the simulator sees every rank at once.
+Merging puts every rank's buffers into each event and lists every group that ran a collective at
+once, so that views, files and comparisons treat a gloo or NCCL trace exactly like a simulated
+one. SPMD code records the same sequence of events on every rank; when ranks disagree (code that
+branches on the rank, a skipped collective), the merge refuses and says where they diverged,
+because pairing unrelated events would draw a picture of something that never happened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from . import mesh as _mesh
+from .errors import ShardvizError
+from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Event, OpEvent, RedistributeEvent, Trace
+
+
+class SequenceMismatchError(ShardvizError, RuntimeError):
+    """Ranks recorded different event sequences: the code was not SPMD, so no merge is drawn."""
+
+    def __init__(self, message: str, index: int, by_rank: dict[int, str]) -> None:
+        super().__init__(message)
+        self.index = index
+        self.by_rank = by_rank
+
+
+MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
+
+
+def merge(
+    traces: Mapping[int, Trace],
+    backend: str,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    known_meshes: Iterable[dict[str, Any]] = (),
+) -> Trace:
+    """Merge per-rank traces (rank → Trace from ``record_rank``) into one Trace.
+
+    ``known_meshes`` are meshes seen in earlier cells (``trace.meshes`` entries): a collective on a
+    mesh made in another cell is still attributed to its mesh dim, as the simulator does.
+    """
+    if not traces:
+        raise ValueError("merge needs at least one rank's trace")
+    ranks = sorted(traces)
+    sizes = {traces[r].world_size for r in ranks}
+    if len(sizes) != 1:
+        raise ValueError(f"ranks report different world sizes: {sorted(sizes)}")
+    world_size = sizes.pop()
+    check_sequences({r: traces[r].events for r in ranks})
+
+    meshes = _union_meshes([m for r in ranks for m in traces[r].meshes])
+    candidates = [_mesh_info(m) for m in _union_meshes([*meshes, *known_meshes])]
+    out = Trace(world_size, backend, values)
+    out.meshes = meshes
+    out.complete = all(traces[r].complete for r in ranks)
+    dropped = [traces[r].values_dropped_from for r in ranks if traces[r].values_dropped_from is not None]
+    out.values_dropped_from = min(dropped) if dropped else None
+    events: list[Event] = []
+    for i in range(len(traces[ranks[0]].events)):
+        per_rank = {r: traces[r].events[i] for r in ranks}
+        first = per_rank[ranks[0]]
+        if isinstance(first, CollectiveEvent):
+            events.append(_merge_collective(i, per_rank, candidates))  # type: ignore[arg-type]
+        elif hasattr(first, "inputs") and hasattr(first, "outputs"):  # per-rank local compute
+            events.append(
+                dataclasses.replace(first, inputs=_own(per_rank, "inputs"), outputs=_own(per_rank, "outputs"))  # type: ignore[call-arg]
+            )
+        else:
+            events.append(first)
+    out.events = events
+    return out
+
+
+def check_sequences(events: Mapping[int, Sequence[Event]]) -> None:
+    """Raise SequenceMismatchError at the first event where the ranks' sequences differ."""
+    ranks = sorted(events)
+    longest = max(len(events[r]) for r in ranks)
+    for i in range(longest):
+        sigs = {r: signature(events[r][i]) if i < len(events[r]) else None for r in ranks}
+        if len({repr(s) for s in sigs.values()}) == 1:
+            continue
+        by_rank = {
+            r: describe(events[r][i], group=False)
+            if i < len(events[r])
+            else f"nothing: it recorded {len(events[r])} events"
+            for r in ranks
+        }
+        raise SequenceMismatchError(_mismatch_message(i, by_rank), i, by_rank)
+
+
+def signature(e: Event) -> tuple[Any, ...]:
+    """What must agree across ranks for two events to be the same SPMD step."""
+    src = (e.source.line, e.source.text) if e.source is not None else None
+    base: tuple[Any, ...] = (e.kind, e.parent, src, e.module, e.phase)
+    if isinstance(e, CollectiveEvent):
+        return (*base, e.op, e.impl, e.reduce_op, e.root)
+    if isinstance(e, RedistributeEvent):
+        return (*base, e.src, e.dst, e.plan, e.explicit, e.before, e.after)
+    if isinstance(e, OpEvent):
+        return (*base, e.name, e.input_placements, e.output_placements)
+    return (*base, getattr(e, "name", None))
+
+
+def describe(e: Event, group: bool = True) -> str:
+    """One event in a few words, for error messages."""
+    if isinstance(e, CollectiveEvent):
+        what = e.op + (f" {e.reduce_op}" if e.reduce_op else "")
+        if e.groups and group:
+            what += " on group [" + ",".join(str(r) for r in e.groups[0]) + "]"
+    elif isinstance(e, RedistributeEvent):
+        what = f"redistribute {list(e.src)} -> {list(e.dst)}"
+    elif isinstance(e, OpEvent):
+        what = e.name
+    else:
+        what = e.kind
+    if e.source is not None:
+        what += f" (line {e.source.line}: {e.source.text})"
+    return what
+
+
+def _mismatch_message(i: int, by_rank: dict[int, str]) -> str:
+    groups: dict[str, list[int]] = {}
+    for r, d in by_rank.items():
+        groups.setdefault(d, []).append(r)
+    lines = [
+        f"the ranks recorded different sequences of events (code that branches on the rank, or a "
+        f"skipped collective), so they cannot be merged into one trace. First difference at event #{i}:"
+    ]
+    for d, rs in sorted(groups.items(), key=lambda kv: kv[1]):
+        lines.append(f"  {_ranks_text(rs)}: {d}")
+    return "\n".join(lines)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+
+
+def _merge_collective(
+    i: int, per_rank: dict[int, CollectiveEvent], candidates: list[MeshInfo]
+) -> CollectiveEvent:
+    groups = _merge_groups(i, per_rank)
+    names = {e.mesh_dim_name for e in per_rank.values()}
+    hint = names.pop() if len(names) == 1 else None
+    first = per_rank[min(per_rank)]
+    dim, name = mesh_dim(groups, candidates, hint)
+    if dim is None and name is None:
+        dim, name = first.mesh_dim, first.mesh_dim_name
+    return dataclasses.replace(
+        first,
+        groups=groups,
+        inputs=_own(per_rank, "inputs"),
+        outputs=_own(per_rank, "outputs"),
+        nbytes=_own(per_rank, "nbytes"),
+        mesh_dim=dim,
+        mesh_dim_name=name,
+    )
+
+
+def _own(per_rank: Mapping[int, Event], attr: str) -> dict[int, Any]:
+    """Each rank's own entry of a per-rank field: a real rank knows only its own buffers."""
+    out = {}
+    for r in sorted(per_rank):
+        d = getattr(per_rank[r], attr)
+        if r in d:
+            out[r] = d[r]
+    return out
+
+
+def _merge_groups(i: int, per_rank: dict[int, CollectiveEvent]) -> tuple[tuple[int, ...], ...]:
+    """The distinct groups the ranks reported, sorted; each rank in exactly one of them."""
+    reported: dict[int, tuple[int, ...]] = {}
+    for r, e in per_rank.items():
+        if len(e.groups) != 1 or r not in e.groups[0]:
+            raise SequenceMismatchError(
+                f"event #{i}: rank {r} reported groups {list(map(list, e.groups))}; a real rank reports "
+                "exactly its own group",
+                i,
+                {r: describe(e)},
+            )
+        reported[r] = tuple(sorted(e.groups[0]))
+    for r, g in reported.items():
+        for other in g:
+            if other in reported and reported[other] != g:
+                by_rank = {r: describe(per_rank[r]), other: describe(per_rank[other])}
+                raise SequenceMismatchError(
+                    f"event #{i}: rank {r} ran it on group {list(g)} but rank {other} on group "
+                    f"{list(reported[other])}; the ranks disagree on who takes part",
+                    i,
+                    by_rank,
+                )
+    return tuple(sorted(set(reported.values())))
+
+
+def mesh_dim(
+    groups: tuple[tuple[int, ...], ...], meshes: Sequence[MeshInfo], hint: str | None
+) -> tuple[int | None, str | None]:
+    """The mesh dim whose groups are exactly these, preferring the dim named ``hint`` (the
+    mesh dim name torch gives the group); (None, hint) when no mesh matches."""
+    total = sum(len(g) for g in groups)
+    for shape, names, ranks in meshes:
+        if len(ranks) != total:
+            continue
+        d = _mesh.match_dim(groups, shape, ranks)
+        if d is not None and (hint is None or (names and names[d] == hint) or hint == f"dim_{d}"):
+            return d, names[d] if names else None
+    return None, hint
+
+
+def _mesh_info(m: dict[str, Any]) -> MeshInfo:
+    names = m.get("mesh_dim_names")
+    return (tuple(m["mesh_shape"]), tuple(names) if names else None, tuple(m["ranks"]))
+
+
+def _union_meshes(meshes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[MeshInfo] = set()
+    out = []
+    for m in meshes:
+        key = _mesh_info(m)
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
