@@ -1,0 +1,146 @@
+"""The tour as a user sees it: JupyterLab in Debian's Chromium, every cell run, widgets clicked.
+
+One JupyterLab server for the session (its own settings and a copy of the notebooks, so the
+repository is never written), stopped by PID. The page runs all cells of 01_tour, waits for the
+layout view to draw one region per rank, clicks a rank, and checks the kernel saw the click.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A JupyterLab server on 127.0.0.1 serving a copy of the notebooks; yields its base URL."""
+    work = tmp_path_factory.mktemp("lab")
+    root = work / "notebooks"
+    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    settings = work / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # Without it a "Select Kernel" dialog blocks Run All (notes/browser.md).
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    apputils = work / "settings" / "@jupyterlab" / "apputils-extension"
+    apputils.mkdir(parents=True)
+    (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+    port = _free_port()
+    log = open(work / "lab.log", "w")  # noqa: SIM115 - closed in the finalizer
+    env = dict(
+        os.environ,
+        JUPYTER_RUNTIME_DIR=str(work / "runtime"),
+        JUPYTER_CONFIG_DIR=str(work / "config"),
+        JUPYTER_DATA_DIR=str(work / "data"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        "--allow-root",
+        "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=",
+        "--ServerApp.password=",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.expose_app_in_browser=True",
+        f"--LabApp.user_settings_dir={work / 'settings'}",
+    ]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited: {(work / 'lab.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/api/status", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start: {(work / 'lab.log').read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+KERNEL_IDLE = """() => {
+    const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const ctx = w && w.sessionContext;
+    const kernel = ctx && ctx.isReady && ctx.session && ctx.session.kernel;
+    return !!(kernel && kernel.status === 'idle');
+}"""
+
+
+def run_all(page, notebook: str, lab_url: str) -> None:
+    page.goto(f"{lab_url}/lab/tree/{notebook}")
+    # Cells sent before the kernel is ready are dropped, not queued: wait for an idle kernel.
+    page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def cell_output_text(page, cell_index: int) -> str:
+    return page.locator(".jp-Notebook .jp-Cell").nth(cell_index).locator(".jp-OutputArea").inner_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tour_in_jupyterlab(lab, page, artifacts):
+    p = page.page
+    p.set_default_timeout(90_000)
+    run_all(p, "01_tour.ipynb", lab)
+    view = p.locator("[data-shardviz-view='layout']").first
+    view.wait_for()
+    regions = view.locator("[data-rank]")
+    assert {regions.nth(i).get_attribute("data-rank") for i in range(regions.count())} == {"0", "1", "2", "3"}
+    p.wait_for_function(KERNEL_IDLE)
+    # Click rank 2 in the first view; the kernel's widget must see it.
+    view.locator(".sv-mesh [data-rank='2']").first.click()
+    p.evaluate(
+        """() => {
+            const nb = window.jupyterapp.shell.currentWidget.content;
+            const source = 'print("selected:", view.selected)';
+            nb.model.sharedModel.insertCell(nb.model.cells.length, {cell_type: 'code', source});
+            nb.activeCellIndex = nb.model.cells.length - 1;
+        }"""
+    )
+    p.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
+    last = p.locator(".jp-Notebook .jp-Cell").last.locator(".jp-OutputArea-output")
+    last.wait_for()
+    assert "selected: 2" in last.inner_text()
+    p.screenshot(path=str(artifacts / "jupyterlab_tour.png"), full_page=True)
+    view.scroll_into_view_if_needed()
+    view.screenshot(path=str(artifacts / "jupyterlab_layout_view.png"))
+    assert page.errors == [], page.errors
+    assert page.blocked == [] or all("127.0.0.1" not in u for u in page.blocked)
