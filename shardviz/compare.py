@@ -324,7 +324,11 @@ def _diff_values(
         return []
     bad = int(np.size(close) - np.count_nonzero(close))
     idx = tuple(int(j) for j in np.argwhere(~close)[0]) if np.ndim(close) else ()
-    first = f"first at {idx}: {x[idx]!r} vs {y[idx]!r}" if idx else f"{x!r} vs {y!r}"
+
+    def show(v: Any) -> str:
+        return repr(v.item()) if hasattr(v, "item") else repr(v)
+
+    first = f"first at {idx}: {show(x[idx])} vs {show(y[idx])}" if idx else f"{show(x)} vs {show(y)}"
     return [Difference(r, i, f"{label} values", f"{bad} of {np.size(close)} elements differ; {first}")]
 
 

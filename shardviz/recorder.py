@@ -339,7 +339,7 @@ class Recorder(_torch.DebugMode):
             return func(*args, **kwargs)
         eid = self._reserve()
         source, module, phase, _ = self._context()
-        ranks = _present_ranks(inputs, self.world_size)
+        ranks = [self.rank] if self.rank is not None else _present_ranks(inputs, self.world_size)
         snaps_in = self._snap(inputs, ranks, eid) if inputs else {}
         out = func(*args, **kwargs)
         self._track(out)
