@@ -259,11 +259,104 @@ def bench_memory() -> list[Row]:
     return rows
 
 
+TRIVIAL_ESM = """
+export default {
+  render({ model, el }) {
+    const d = document.createElement("div");
+    d.setAttribute("data-shardviz-view", "trivial");
+    d.textContent = String(model.get("value"));
+    el.appendChild(d);
+  },
+};
+"""
+
+
+def _state_bytes(state: dict[str, object]) -> int:
+    import json
+
+    return len(json.dumps(state, separators=(",", ":")).encode())
+
+
+def _render_seconds(page: object, html: Path, repeats: int = 5) -> float:
+    def once() -> None:
+        page.goto(html.as_uri())  # type: ignore[attr-defined]
+        page.wait_for_selector("[data-shardviz-view]")  # type: ignore[attr-defined]
+
+    return median_seconds(once, repeats)
+
+
+def bench_views() -> list[Row]:
+    """Synced-state bytes and time to first render in Chromium, against a trivial widget."""
+    import tempfile
+
+    import torch.distributed as dist
+    from playwright.sync_api import sync_playwright
+
+    from shardviz.views import html as export
+
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        trivial = export.export("trivial", {"value": 0}, None, TRIVIAL_ESM, "", tmp / "trivial.html")
+        trivial_bytes = _state_bytes({"value": 0})
+        progress("views: a 256-rank layout")
+        pages: dict[str, tuple[Path, int]] = {}
+        for n, mesh_shape in ((8, (2, 4)), (256, (16, 16))):
+            widget = sv.show(sv.layout((64, 64), mesh_shape, ["S(0)", "S(1)"]))
+            state = {
+                k: getattr(widget, k) for k in widget.keys if not k.startswith("_") and k not in _WIDGET_BASE
+            }
+            pages[f"layout view, {n} ranks (geometry only)"] = (
+                sv.export_html(sv.layout((64, 64), mesh_shape, ["S(0)", "S(1)"]), tmp / f"layout{n}.html"),
+                _state_bytes(state),
+            )
+        if hasattr(sv, "play"):
+            progress("views: a 1,000-event trace")
+            sv.use("local", world_size=4)
+            with sv.record() as trace:
+                t = sv.per_rank(lambda r: torch.full((8,), float(r)))
+                for _ in range(1000):
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            player = sv.play(trace)
+            state = {
+                k: getattr(player, k) for k in player.keys if not k.startswith("_") and k not in _WIDGET_BASE
+            }
+            pages["collective player, 1,000 events"] = (
+                sv.export_html(trace, tmp / "player.html"),
+                _state_bytes(state),
+            )
+        progress("views: rendering in Chromium")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path="/usr/bin/chromium",
+                args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+            )
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            base = _render_seconds(page, trivial)
+            for name, (html, nbytes) in pages.items():
+                secs = _render_seconds(page, html)
+                rows.append(
+                    (
+                        f"{name}: synced state / time to first render",
+                        f"{nbytes / 1024:.1f} KiB / {secs * 1e3:.0f} ms",
+                        f"{trivial_bytes} B / {base * 1e3:.0f} ms (trivial widget)",
+                        f"{secs / base:.2f}x render",
+                    )
+                )
+            browser.close()
+    return rows
+
+
+# Traits every ipywidget has (layout, tabbable, ...): not part of a view's own payload.
+_WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
+
+
 SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
     "scale": bench_scale,
     "memory": bench_memory,
+    "views": bench_views,
 }
 
 
