@@ -1,0 +1,71 @@
+"""The built wheel, installed (not editable), works on its own: an editable install would hide
+package files that the wheel forgets (notes/testing.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMOKE = """
+import pathlib, sys
+import shardviz as sv
+assert pathlib.Path(sv.__file__).is_relative_to(pathlib.Path(sys.argv[1])), sv.__file__
+lay = sv.layout((10, 3), (4,), ["S(0)"])
+out = sv.export_html(lay, pathlib.Path(sys.argv[2]) / "layout.html")
+text = out.read_text()
+assert 'data-shardviz-view' in text and "export default" in text, "the view's ESM must be inlined"
+print(lay.shard(3).shape)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_installed_wheel_renders_a_view(tmp_path):
+    dist_dir, target = tmp_path / "dist", tmp_path / "site"
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist_dir), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    (wheel,) = dist_dir.glob("shardviz-*.whl")
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    # The dependencies come from this environment; shardviz itself only from the wheel.
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(target)!r}); exec({SMOKE!r})",
+            str(target),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.stdout.strip().endswith("(1, 3)")
