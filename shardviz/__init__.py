@@ -16,7 +16,7 @@ from .layout import compute as _compute_layout
 from .placement import Placement
 from .plan import plan
 from .record import last_trace, per_rank, record, run
-from .show import export_html, plot, show
+from .show import export_html, play, plot, show
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 from .trace import load as _load
 
@@ -43,6 +43,7 @@ __all__ = [
     "load_ipython_extension",
     "per_rank",
     "plan",
+    "play",
     "plot",
     "record",
     "restart",

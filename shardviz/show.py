@@ -1,9 +1,10 @@
-"""``sv.show`` / ``sv.plot`` / ``sv.export_html``: torch objects become plain data, then a view.
+"""``sv.show`` / ``sv.play`` / ``sv.plot`` / ``sv.export_html``: objects become plain data, then a view.
 
 Views never touch torch. This module is the one step between: a DTensor becomes its ``Layout``
 plus each rank's local values as numpy arrays; a LocalTensor (per-rank values, no placements)
 becomes a side-by-side layout. ``show_layout`` takes that plain data directly, so a real-process
-backend can draw shards it gathered from its ranks without any torch object at hand.
+backend can draw shards it gathered from its ranks without any torch object at hand. A Trace (or
+one of its events) is already plain data: it goes to the collective player through ``_player``.
 """
 
 from __future__ import annotations
@@ -24,21 +25,37 @@ from .trace import Event, Trace
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from .views.player import PlayerWidget
     from .views.widgets import LayoutWidget
 
 _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
 _VIEW_OPTIONS = ("dims", "index", "heatmap", "title")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
+_PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
 
 
-def show(obj: Any, **options: Any) -> LayoutWidget:
-    """The layout view of a DTensor, a LocalTensor or a Layout, as a notebook widget.
+def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget:
+    """The layout view of a DTensor, a LocalTensor or a Layout, or the collective player of a
+    Trace (or of one event), as a notebook widget.
 
-    Options: ``dims=(rows, cols)`` (tensors of 3+ dims), ``index`` (slider positions),
+    Layout options: ``dims=(rows, cols)`` (tensors of 3+ dims), ``index`` (slider positions),
     ``heatmap``, ``title``, ``selected`` (a rank), and for a Layout ``values={rank: array}``.
+    Player options: see :func:`play`.
     """
+    if isinstance(obj, Trace | Event):
+        return _player(obj, "sv.show", options)
     layout, values, extra = _plain(obj, "sv.show", options)
     return show_layout(layout, values, **{**extra, **options})
+
+
+def play(trace: Any, **options: Any) -> PlayerWidget:
+    """The collective player: steps through a trace's collectives and redistributes.
+
+    Options: ``step`` (start position, from 0; the widget's ``step`` trait follows the view),
+    ``link`` (cost preset: "nvlink4", "pcie5", "ib-ndr", ...), ``local_steps=True`` (local compute
+    on to_local() shards becomes a step too), ``title``. An event alone plays as a one-step trace.
+    """
+    return _player(trace, "sv.play", options)
 
 
 def show_layout(
@@ -57,10 +74,19 @@ def show_layout(
 def plot(obj: Any, **options: Any) -> Figure:
     """The same picture as a matplotlib Figure: deterministic, for papers and saved notebooks.
 
-    Options: ``dims``, ``index``, ``heatmap``, ``title``; for a Layout also ``values``.
+    Options: ``dims``, ``index``, ``heatmap``, ``title``; for a Layout also ``values``. An event
+    is drawn before → after with an arrow per transfer (``title``, and ``trace=`` the trace it
+    came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
+    time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
-    from .views.mpl import plot_layout
+    from .views.mpl import plot_event, plot_layout, plot_trace
 
+    if isinstance(obj, Trace):
+        _check_options("sv.plot", options, ("link", "title"))
+        return plot_trace(obj, **options)
+    if isinstance(obj, Event):
+        _check_options("sv.plot", options, ("title", "trace"))
+        return plot_event(obj, options.pop("trace", None), **options)
     layout, values, extra = _plain(obj, "sv.plot", options)
     extra.pop("values_note", None)
     opts = {**extra, **options}
@@ -69,14 +95,21 @@ def plot(obj: Any, **options: Any) -> Figure:
 
 
 def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
-    """One self-contained HTML file of the layout view that renders with no kernel and no network.
+    """One self-contained HTML file of the layout view or the player that renders with no kernel
+    and no network.
 
     Values are embedded up to ``values_budget`` bytes (default 16 MiB); past it the page keeps
-    the geometry and says why values are missing.
+    the geometry (the player: every step's shapes and flow) and says why values are missing.
     """
     from .views.widgets import EXPORT_VALUES_BUDGET
 
     budget = options.pop("values_budget", EXPORT_VALUES_BUDGET)
+    if isinstance(obj, Trace | Event):
+        player = _player(obj, "sv.export_html", options)
+        try:
+            return player.export_html(path, values_budget=budget)
+        finally:
+            player.close()
     layout, values, extra = _plain(obj, "sv.export_html", options)
     widget = show_layout(layout, values, **{**extra, **options})
     try:
@@ -97,7 +130,7 @@ def _plain(
     if "values" in options:
         raise TypeError(f"{who}(..., values=...) is only for a Layout: a {type(obj).__name__} brings its own")
     if isinstance(obj, Trace | Event):
-        _player(obj, who)
+        raise TypeError(f"{who} draws a {type(obj).__name__} with the collective player, not a layout view")
     if _torch.is_dtensor(obj):
         return _from_dtensor(obj)
     if _torch.is_local_tensor(obj):
@@ -109,18 +142,26 @@ def _plain(
             f"inside sv.record()), or draw the geometry alone with {who}(sv.layout({tuple(obj.shape)}, "
             '(4,), ["S(0)"]))'
         )
-    raise TypeError(f"{who} accepts {_ACCEPTS}; got {type(obj).__name__}")
-
-
-def _player(obj: Any, who: str) -> None:
-    """The one place where the collective player (a later view) plugs in for traces and events."""
-    hint = ""
-    if hasattr(obj, "before") and hasattr(obj, "after"):
-        hint = f"; this redistribute's layouts are drawn by {who}(event.before) and {who}(event.after)"
     raise TypeError(
-        f"{who} of a {type(obj).__name__} needs the collective player, which shardviz does not have yet. "
-        f"{who} accepts {_ACCEPTS}{hint}"
+        f"{who} accepts {_ACCEPTS}, or a Trace / Event (from sv.record) for the collective player; "
+        f"got {type(obj).__name__}"
     )
+
+
+def _player(obj: Any, who: str, options: dict[str, Any]) -> PlayerWidget:
+    """The one place where traces and events plug in: the collective player."""
+    from .views.player import PlayerWidget, event_trace
+
+    _check_options(who, options, _PLAYER_OPTIONS)
+    if isinstance(obj, Event):
+        obj = event_trace(obj)
+    if not isinstance(obj, Trace):
+        hint = " (sv.record() returns one: `with sv.record() as trace: ...`)" if callable(obj) else ""
+        raise TypeError(
+            f"{who} plays a shardviz Trace (from sv.record, sv.run, sv.last_trace or sv.load) or one of "
+            f"its events; got {type(obj).__name__}{hint}"
+        )
+    return PlayerWidget(obj, **options)
 
 
 def _values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:

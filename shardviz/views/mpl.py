@@ -1,5 +1,5 @@
-"""The layout view as a matplotlib Figure: the same picture as the widget, for papers and saved
-notebooks.
+"""The layout view and the collective player's steps as matplotlib Figures: the same pictures as
+the widgets, for papers and saved notebooks.
 
 Deterministic: a fixed figure size, fixed axes positions, no dates. It builds a bare
 ``matplotlib.figure.Figure`` (no pyplot), so it leaves no global figure state behind.
@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from ..layout import Layout
 from . import geometry as g
@@ -381,3 +381,358 @@ def to_png(fig: Figure, dpi: int = 72) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
     return buf.getvalue()
+
+
+# ---- events and traces (the collective player's static pictures) -------------------------------
+
+# Groups drawn in one event figure before the rest are only counted.
+PLOT_GROUPS = 4
+_OP_COLORS = {
+    "all_reduce": "#CC6677",
+    "all_gather": "#332288",
+    "reduce_scatter": "#117733",
+    "all_to_all": "#882255",
+    "broadcast": "#88CCEE",
+    "scatter": "#44AA99",
+    "gather": "#DDCC77",
+    "reduce": "#AA4499",
+    "barrier": "#999999",
+    "send": "#999933",
+    "recv": "#999933",
+}
+
+
+def plot_message(head: str, body: str = "") -> Figure:
+    """A figure that only says something (an empty trace, an event with nothing to draw)."""
+    fig = Figure(figsize=(8.0, 2.4), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.text(0.01, 0.94, head, fontsize=11, weight="bold", va="top")
+    lines = body.split("\n")[:10]
+    fig.text(
+        0.01, 0.78, "\n".join(x if len(x) <= 130 else x[:127] + "..." for x in lines), fontsize=8, va="top"
+    )
+    return fig
+
+
+def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Figure:
+    """One event before → after: each rank's buffers with arrows for what moves (a collective or
+    local compute), or the layouts before and after with the plan (a redistribute)."""
+    from ..trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
+    from .player import Model, event_trace, short_label
+    from .text import event_line
+
+    if trace is None or all(e is not event for e in trace.events):
+        trace = event_trace(event)
+    if isinstance(event, OpEvent):
+        ins = " ".join("[" + ", ".join(p) + "]" for p in event.input_placements) or "-"
+        outs = " ".join("[" + ", ".join(p) + "]" for p in event.output_placements) or "-"
+        src = f"\nline {event.source.line}: {event.source.text}" if event.source else ""
+        return plot_message(title or f"#{event.id} {event.name}", f"inputs {ins}\noutput {outs}{src}")
+    if not isinstance(event, CollectiveEvent | LocalEvent | RedistributeEvent):
+        raise TypeError(
+            f"sv.plot draws a collective, redistribute, local or op event, not {type(event).__name__}"
+        )
+    assert isinstance(trace, Trace)
+    model = Model(trace, local_steps=isinstance(event, LocalEvent))
+    k = next(i for i, e in enumerate(model.steps) if e is event)
+    d = model.detail(k)
+    head = title or f"#{event.id} {short_label(event)}"
+    sub = event_line(event)
+    if event.source is not None:
+        sub += f"\nline {event.source.line}: {event.source.text}"
+    if isinstance(event, RedistributeEvent):
+        return _plot_redistribute(event, d, head, sub)
+    return _plot_flow(d, head, sub)
+
+
+def _buffer_rows(buf: Mapping[str, Any] | None) -> tuple[list[tuple[int, int, int]], int, int]:
+    """(y offset, rows, cols) per slot, total rows and the widest cols of a buffer description."""
+    if not buf:
+        return [], 0, 0
+    shapes = buf.get("slots") or [buf["shape"]]
+    out, y = [], 0
+    for shape in shapes:
+        rows = shape[0] if shape else 1
+        cols = math.prod(shape[1:]) if len(shape) > 1 else 1
+        out.append((y, rows, cols))
+        y += rows
+    return out, y, max(c for _, _, c in out)
+
+
+def _plot_flow(d: Mapping[str, Any], head: str, sub: str) -> Figure:
+    groups = d["groups"]
+    total = sum(len(x) for x in groups)
+    shown = list(range(len(groups))) if total <= 16 else list(range(min(PLOT_GROUPS, len(groups))))
+    cols: list[tuple[int, float]] = []  # (rank, x) of every drawn column
+    x = 0.0
+    for gi in shown:
+        for r in groups[gi]:
+            cols.append((r, x))
+            x += 1.0
+        x += 0.4
+    ncols = max(len(cols), 1)
+    fig = Figure(figsize=(max(6.5, min(1.25 * ncols + 1.2, 20.0)), 6.0), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.text(0.01, 0.985, head, fontsize=11, weight="bold", va="top")
+    fig.text(
+        0.01, 0.94, sub if len(sub) <= 400 else sub[:397] + "...", fontsize=7.5, va="top", color="#444444"
+    )
+    ax = fig.add_axes((0.04, 0.08, 0.94, 0.74), gid="flow")
+    ax.set_axis_off()
+    ranks = d["ranks"]
+    rows_in = [_buffer_rows(ranks.get(str(r), {}).get("in")) for r, _ in cols]
+    rows_out = [_buffer_rows(ranks.get(str(r), {}).get("out")) for r, _ in cols]
+    max_rows = max([1] + [b[1] for b in rows_in + rows_out])
+    max_cols = max([1] + [b[2] for b in rows_in + rows_out])
+    cell = min(0.62 / max_cols, 2.4 / max_rows)
+    gap = 0.04
+    h_in = max([0.1] + [b[1] * cell + gap * (len(b[0]) - 1) for b in rows_in])
+    y_in, zone = 0.45, 1.3
+    y_out = y_in + h_in + zone
+    h_out = max([0.1] + [b[1] * cell + gap * (len(b[0]) - 1) for b in rows_out])
+    ax.set_xlim(-0.55, x - 0.4 + 0.1)
+    ax.set_ylim(y_out + h_out + 0.35, -0.1)
+    anchors: dict[tuple[int, str], tuple[float, float, list[tuple[int, int, int]], Mapping[str, Any]]] = {}
+    roots = set(d.get("roots") or [])
+    for (r, cx), b_in, b_out in zip(cols, rows_in, rows_out, strict=True):
+        color, ink, _ = g.rank_style(r)
+        ax.add_patch(
+            Rectangle((cx - 0.3, 0.0), 0.6, 0.28, facecolor=color, edgecolor="none", gid=f"rank-r{r}")
+        )
+        ax.text(
+            cx, 0.14, f"r{r}{' root' if r in roots else ''}", ha="center", va="center", fontsize=8, color=ink
+        )
+        for side, y0, (slots, _, width) in (("in", y_in, b_in), ("out", y_out, b_out)):
+            buf = ranks.get(str(r), {}).get(side)
+            if not buf:
+                continue
+            x0 = cx - width * cell / 2
+            anchors[(r, side)] = (x0, y0, slots, buf)
+            _draw_buffer(ax, buf, slots, x0, y0, cell, gap, r if side == "in" else None)
+    ax.text(-0.5, y_in - 0.08, "before", fontsize=8, color="#555555", va="bottom")
+    ax.text(-0.5, y_out - 0.08, "after", fontsize=8, color="#555555", va="bottom")
+    if d.get("op") == "barrier":
+        mid = y_in + h_in + zone / 2
+        ax.plot([-0.4, x - 0.5], [mid, mid], ls="--", color="#882255", lw=2, gid="barrier")
+        ax.text(
+            (x - 0.9) / 2,
+            mid - 0.08,
+            "barrier: every rank waits here",
+            ha="center",
+            fontsize=8,
+            color="#882255",
+        )
+
+    def anchor(r: int, side: str, part: int | None) -> tuple[float, float] | None:
+        a = anchors.get((r, side))
+        if a is None:
+            return None
+        x0, y0, slots, buf = a
+        parts = buf.get("parts") or []
+        if part is not None and part < len(parts):
+            p = parts[part]
+            slot = p.get("slot") or 0
+            oy = y0 + slots[slot][0] * cell + slot * gap
+            r0, r1, c0, c1 = p["box"]
+            px, py0, py1 = x0 + (c0 + c1) / 2 * cell, oy + r0 * cell, oy + r1 * cell
+        else:
+            total_h = sum(s[1] for s in slots) * cell + gap * (len(slots) - 1)
+            px, py0, py1 = x0 + max(s[2] for s in slots) * cell / 2, y0, y0 + total_h
+        return (px, py1) if side == "in" else (px, py0)
+
+    drawn = {r for r, _ in cols}
+    for key, style in (("stays", "stay"), ("transfers", "transfer")):
+        for src, dst, sp, dp, red in d.get(key) or []:
+            if src not in drawn or dst not in drawn:
+                continue
+            a, b = anchor(src, "in", sp), anchor(dst, "out", dp)
+            if a is None or b is None:
+                continue
+            color = g.rank_style(src)[0]
+            ax.add_patch(
+                FancyArrowPatch(
+                    a,
+                    b,
+                    arrowstyle="-|>",
+                    mutation_scale=9,
+                    color=color,
+                    lw=0.9 if style == "transfer" else 0.8,
+                    ls="-" if style == "transfer" else (0, (2, 2)),
+                    alpha=0.8,
+                    shrinkA=0,
+                    shrinkB=1,
+                    gid=style if not red else f"{style}-reduce",
+                )
+            )
+    notes = list(d.get("notes") or [])
+    if len(shown) < len(groups):
+        notes.insert(0, f"{len(groups) - len(shown)} more groups ran the same step (not drawn)")
+    check = d.get("check")
+    if check and check.get("checked") and not check.get("ok"):
+        notes.insert(0, f"WARNING: {check.get('note')}")
+    y = 0.065
+    for line in notes[:3]:
+        fig.text(
+            0.01, y, line if len(line) <= 170 else line[:167] + "...", fontsize=7.5, va="top", color="#333333"
+        )
+        y -= 0.022
+    return fig
+
+
+def _draw_buffer(
+    ax: Any,
+    buf: Mapping[str, Any],
+    slots: list[tuple[int, int, int]],
+    x0: float,
+    y0: float,
+    cell: float,
+    gap: float,
+    own: int | None,
+) -> None:
+    parts = buf.get("parts") or []
+    faded = 0.3 if buf.get("role") else 1.0
+
+    def tint(origin: int | None, reduced: bool) -> str:
+        if reduced:
+            return "#d9d9d9"
+        return "#eeeeee" if origin is None else g.rank_style(origin)[0]
+
+    for k, (sy, rows, cols) in enumerate(slots):
+        oy = y0 + sy * cell + k * gap
+        w, h = max(cols * cell, 0.03), max(rows * cell, 0.03)
+        mine = [p for p in parts if (p.get("slot") or 0) == k]
+        if not mine:
+            origin = own if own is not None else buf.get("origin")
+            ax.add_patch(
+                Rectangle(
+                    (x0, oy),
+                    w,
+                    h,
+                    facecolor=tint(origin, bool(buf.get("reduced"))),
+                    alpha=0.5 * faded,
+                    edgecolor="none",
+                    gid="part",
+                )
+            )
+        for p in mine:
+            r0, r1, c0, c1 = p["box"]
+            origin = p.get("origin", own)
+            ax.add_patch(
+                Rectangle(
+                    (x0 + c0 * cell, oy + r0 * cell),
+                    (c1 - c0) * cell,
+                    (r1 - r0) * cell,
+                    facecolor=tint(origin, bool(p.get("reduced"))),
+                    alpha=0.5 * faded,
+                    edgecolor="#333333",
+                    lw=0.6,
+                    gid="part",
+                )
+            )
+        pads = [b for p in mine for b in p.get("pad") or []] + (list(buf.get("pad") or []) if k == 0 else [])
+        for a0, a1, b0, b1 in pads:
+            ax.add_patch(
+                Rectangle(
+                    (x0 + b0 * cell, oy + a0 * cell),
+                    (b1 - b0) * cell,
+                    (a1 - a0) * cell,
+                    facecolor="#e6e6e6",
+                    hatch="////",
+                    edgecolor="#888888",
+                    lw=0,
+                    gid="pad",
+                )
+            )
+        ax.add_patch(Rectangle((x0, oy), w, h, fill=False, edgecolor="#333333", lw=0.9, gid="buffer"))
+    if buf.get("role"):
+        ax.text(
+            x0,
+            y0 - 0.02,
+            "not read" if buf["role"] == "ignored" else "not defined",
+            fontsize=6,
+            color="#666666",
+            va="bottom",
+        )
+
+
+def _plot_redistribute(event: Any, d: Mapping[str, Any], head: str, sub: str) -> Figure:
+    fig = Figure(figsize=(11.0, 5.6), dpi=100)
+    FigureCanvasAgg(fig)
+    fig.text(0.01, 0.985, head, fontsize=11, weight="bold", va="top")
+    fig.text(0.01, 0.94, sub, fontsize=7.5, va="top", color="#444444")
+    for layout, box, name in (
+        (event.before, (0.05, 0.33, 0.38, 0.45), "before"),
+        (event.after, (0.57, 0.33, 0.38, 0.45), "after"),
+    ):
+        ax = fig.add_axes(box, gid=f"layout-{name}")
+        if layout is None:
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, "layout not recorded", ha="center", va="center")
+            continue
+        rd, cd = g.view_dims(len(layout.global_shape))
+        _draw_tensor(fig, ax, layout, None, rd, cd, g.view_index(layout.global_shape), False)
+        ax.set_title(
+            f"{name}: [{', '.join(layout.placements)}] on mesh {layout.mesh_shape}", fontsize=9, loc="left"
+        )
+    fig.text(0.5, 0.56, "→", fontsize=30, ha="center", va="center", color="#555555")
+    lines = [f"plan {d.get('plan') or '-'}"]
+    for i, p in enumerate(d.get("plan_steps") or []):
+        what = p["op"] or "local: no communication"
+        ev = f" (event #{p['event']})" if p.get("event") is not None else ""
+        lines.append(f"  {i + 1}. mesh {p['dim_label']}: {p['src']} -> {p['dst']}: {what}{ev}")
+    lines += list(d.get("notes") or [])
+    fig.text(0.01, 0.24, "\n".join(lines[:8]), fontsize=8, va="top", family="monospace", gid="plan")
+    return fig
+
+
+def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Figure:
+    """Where the communication time goes: each collective as a bar of its alpha-beta time on
+    ``link``, one after another, one lane per mesh dim (cost.py's model)."""
+    from .. import cost as _cost
+    from ..trace import CollectiveEvent
+
+    lk = _cost.link(link)
+    cols = [e for e in trace.events if isinstance(e, CollectiveEvent)]
+    if not cols:
+        return plot_message(title or "no collectives in this trace", str(trace))
+    rows = [_cost.event_cost(e, lk) for e in cols]
+    lanes = list(dict.fromkeys(r.mesh_dim for r in rows))
+    fig = Figure(figsize=(11.0, 1.6 + 0.45 * len(lanes)), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.1, 0.32, 0.86, 0.5), gid="timeline")
+    t = 0.0
+    for r in rows:
+        lane = lanes.index(r.mesh_dim)
+        ax.add_patch(
+            Rectangle(
+                (t * 1e6, lane - 0.35),
+                max(r.seconds * 1e6, 1e-9),
+                0.7,
+                facecolor=_OP_COLORS.get(r.op, "#777777"),
+                edgecolor="white",
+                lw=0.3,
+                gid="collective",
+            )
+        )
+        t += r.seconds
+    ax.set_xlim(0, max(t * 1e6, 1e-6))
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_yticks(range(len(lanes)), [f"mesh {x}" if x != "-" else "no mesh dim" for x in lanes], fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel(f"estimated time on {lk.name} (us, collectives one after another)", fontsize=8)
+    total = sum(r.bus_bytes_per_rank for r in rows)
+    head = title or (
+        f"{len(rows)} collectives: {_cost.human_bytes(total)} bus bytes per rank, "
+        f"{_cost.human_seconds(t)} on {lk.name}"
+    )
+    fig.text(0.01, 0.96, head, fontsize=11, weight="bold", va="top")
+    used = list(dict.fromkeys(r.op for r in rows))
+    fig.legend(
+        handles=[Patch(facecolor=_OP_COLORS.get(op, "#777777"), label=op) for op in used],
+        loc="lower right",
+        ncol=min(6, len(used)),
+        fontsize=7,
+        frameon=False,
+        bbox_to_anchor=(0.99, 0.0),
+    )
+    return fig

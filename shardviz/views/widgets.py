@@ -23,6 +23,17 @@ from . import html
 
 STATIC = Path(__file__).parent / "static"
 
+
+def esm_source(view: str) -> str:
+    """One view's ESM: common.js (drawing code shared by the views) followed by ``<view>.js``.
+
+    anywidget takes the ESM as a string, so the shared code needs no bundler and no import URL,
+    which an offline HTML export could not resolve anyway.
+    """
+    parts = [(STATIC / f).read_text(encoding="utf-8") for f in ("common.js", f"{view}.js")]
+    return "\n".join(parts)
+
+
 # Default byte budget for the values embedded in an HTML export (all ranks plus the global tensor).
 EXPORT_VALUES_BUDGET = 16 * 2**20
 
@@ -36,7 +47,7 @@ SYNCED = ("geometry", "values_info", "dims", "index", "heatmap", "selected", "ti
 class LayoutWidget(anywidget.AnyWidget):
     """Global tensor coloured by owning rank(s), the mesh beside it; click a rank for its shard."""
 
-    _esm = STATIC / "layout.js"
+    _esm = esm_source("layout")
     _css = STATIC / "layout.css"
 
     geometry = traitlets.Dict().tag(sync=True)
@@ -229,7 +240,7 @@ class LayoutWidget(anywidget.AnyWidget):
             "layout",
             state,
             None,
-            (STATIC / "layout.js").read_text(encoding="utf-8"),
+            esm_source("layout"),
             (STATIC / "layout.css").read_text(encoding="utf-8"),
             path,
             responses=responses,
