@@ -139,7 +139,9 @@ _REDUCE_NAMES = {
 # Frames from these places are library code, not the user's line.
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_SKIP_FILES = ("contextlib.py", "functools.py", "threading.py")
+# Library wrappers between a user's call and torch (typing_extensions' @deprecated wraps
+# dist.all_gather_into_tensor and dist.reduce_scatter_tensor).
+_SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensions.py", "warnings.py")
 _DTENSOR_DISPATCH = os.path.join(_TORCH_DIR, "distributed", "tensor", "_dispatch.py")
 _IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 
@@ -175,9 +177,24 @@ def _source(frame: FrameType | None) -> Source | None:
     fn = frame.f_code.co_filename
     line = frame.f_lineno
     text = linecache.getline(fn, line).strip()
+    end = _end_line(frame)
+    if end is not None and end > line:  # a call spread over several lines: the whole call
+        rest = (linecache.getline(fn, i).strip() for i in range(line + 1, min(end, line + 8) + 1))
+        text = " ".join([text, *rest])
     if _IPYKERNEL_CELL.search(fn):
         fn = "<cell>"
     return Source(fn, line, text)
+
+
+def _end_line(frame: FrameType) -> int | None:
+    """Last source line of the instruction running in ``frame`` (positions of Python 3.11+)."""
+    try:
+        positions = frame.f_code.co_positions()
+        for _ in range(frame.f_lasti // 2):
+            next(positions)
+        return next(positions)[1]
+    except (StopIteration, AttributeError, ValueError):
+        return None
 
 
 class ValueBudget:

@@ -125,6 +125,10 @@ def _plain(
     obj: Any, who: str, options: dict[str, Any]
 ) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
     """(layout, per-rank values or None, default view options) for any object the API accepts."""
+    if "of" in options:
+        return _from_chunks(obj, options.pop("of"), options.pop("offsets", None), who)
+    if "offsets" in options:
+        raise TypeError(f"{who}(..., offsets=...) goes with of=: the global tensor the chunks come from")
     if isinstance(obj, Layout):
         return obj, options.pop("values", None), {}
     if "values" in options:
@@ -167,6 +171,31 @@ def _player(obj: Any, who: str, options: dict[str, Any]) -> PlayerWidget:
 def _values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
     with _torch.no_dispatch():
         return {int(r): _numpy(t) for r, t in tensors.items()}
+
+
+def _from_chunks(
+    obj: Any, whole: Any, offsets: Any, who: str
+) -> tuple[Layout, dict[int, np.ndarray], dict[str, Any]]:
+    """Each rank's hand-made chunk (a per-rank tensor) drawn inside the global tensor ``whole``."""
+    from .chunks import chunk_layout, find_offset, resolve_offsets
+
+    per_rank = _torch.local_tensors(obj)
+    if per_rank is None:
+        kind = "DTensor (it knows its placements: drop of=)" if _torch.is_dtensor(obj) else type(obj).__name__
+        raise TypeError(
+            f"{who}(chunk, of=global) needs a per-rank tensor (each rank's chunk, e.g. from "
+            f"sv.per_rank(lambda rank: x.chunk(4)[rank])), not a {kind}"
+        )
+    if not isinstance(whole, torch.Tensor) or _torch.is_local_tensor(whole) or _torch.is_dtensor(whole):
+        raise TypeError(f"{who}(..., of=...) takes the plain global tensor the chunks were cut from")
+    chunks = _values(dict(sorted(per_rank.items())))
+    with _torch.no_dispatch():
+        full = _numpy(whole)
+    given = resolve_offsets(offsets, sorted(chunks))
+    found = given if given is not None else {r: find_offset(full, c, r) for r, c in chunks.items()}
+    layout = chunk_layout(chunks, found, full.shape, _torch.dtype_name(whole.dtype))
+    title = f"{len(chunks)} ranks' chunks of a {'×'.join(map(str, full.shape))} tensor (partitioned by hand)"
+    return layout, chunks, {"title": title}
 
 
 def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:

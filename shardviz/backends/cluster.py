@@ -608,6 +608,16 @@ def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
 
     ranks = sorted(payloads)
     first = payloads[ranks[0]]
+    if "chunk" in first:  # sv.show(chunk, of=global): every rank sent its chunk and offset
+        from ..chunks import chunk_layout
+
+        meta = first["chunk"]
+        chunks = {r: payloads[r]["values"] for r in ranks}
+        offsets = {r: tuple(payloads[r]["chunk"]["offset"]) for r in ranks}
+        layout = chunk_layout(chunks, offsets, meta["global_shape"], meta["dtype"])
+        from ..show import show_layout
+
+        return show_layout(layout, chunks, **dict(first.get("options") or {}))
     layout = Layout.from_dict(first["layout"])
     values = {r: payloads[r]["values"] for r in ranks if payloads[r].get("values") is not None}
     try:

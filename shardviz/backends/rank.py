@@ -279,6 +279,25 @@ def show(obj: Any, **options: Any) -> ShowMarker:
     from ..recorder import _numpy
 
     st = _require_state()
+    if "of" in options:  # this rank's hand-made chunk of a global tensor: the client places it
+        from ..chunks import find_offset, resolve_offsets
+
+        whole = _numpy(options.pop("of"))
+        chunk = _numpy(obj)
+        given = resolve_offsets(options.pop("offsets", None), [st.rank])
+        offset = given[st.rank] if given else find_offset(whole, chunk, st.rank)
+        mid = st.next_show
+        st.next_show += 1
+        st.shows[mid] = {
+            "chunk": {
+                "offset": list(offset),
+                "global_shape": list(whole.shape),
+                "dtype": _torch.dtype_name(obj.dtype),
+            },
+            "values": chunk,
+            "options": options,
+        }
+        return ShowMarker(mid)
     if _torch.is_dtensor(obj):
         layout = compute_layout(**_torch.dtensor_geometry(obj))
         values: np.ndarray | None = _numpy(obj.to_local())

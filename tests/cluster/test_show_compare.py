@@ -131,3 +131,26 @@ def test_compare_needs_a_real_backend():
     sv.use("local", world_size=2)
     with pytest.raises(BackendError, match="switch to one first"):
         sv.compare(spmd_fn)
+
+
+def test_show_of_hand_made_chunks_on_real_ranks(ip, gloo, monkeypatch):
+    """sv.show(chunk, of=global): each real rank finds its chunk's offset; the notebook places them."""
+    monkeypatch.setattr(sys.modules["shardviz.show"], "show_layout", FakeWidget)
+    ip.run_cell(IMPORTS)
+    gloo(4)
+    cell = (
+        "big = torch.arange(20.0).reshape(10, 2)\n"
+        "mine = big.chunk(4)[dist.get_rank()]\n"  # real ranks: get_rank() is the rank
+        "sv.show(mine, of=big)"
+    )
+    widget = ip.run_cell_magic("spmd", "", cell)
+    assert widget.layout.placements == ("S(0)",)
+    assert [s.shape for s in widget.layout.shards] == [(3, 2), (3, 2), (3, 2), (1, 2)]
+    big = torch.arange(20.0).reshape(10, 2)
+    for r in range(4):
+        assert (widget.values[r] == big.chunk(4)[r].numpy()).all()
+    # The same cell in the simulator, written with sv.per_rank, gives the same layout.
+    sv.use("local", world_size=4)
+    with sv.record():
+        local = sv.per_rank(lambda r: big.chunk(4)[r].clone())
+    assert sv.show(local, of=big).layout == widget.layout  # (show_layout is the fake here too)

@@ -142,3 +142,65 @@ def test_scatter_from_a_list_of_plain_tensors(mesh4):
     scatter, gather = trace.collectives()
     assert scatter.inputs[2][1].values.tolist() == blocks[1].tolist()  # every rank lists the blocks
     assert [gather.outputs[0][i].values.tolist() for i in range(4)] == [(b * 10).tolist() for b in blocks]
+
+
+# --- sv.show(chunk, of=global): hand-made partitions drawn like DTensors -------------------------
+
+
+def expected_rows(n, world):
+    """Row ranges of torch.chunk(n rows, world), written out: ceil(n / world) rows each."""
+    size = -(-n // world)
+    return [(min(i * size, n), min((i + 1) * size, n)) for i in range(world)]
+
+
+@pytest.mark.parametrize("rows", [8, 10, 5])
+def test_row_wise_chunks_are_placed_and_uneven_last_chunk_visible(mesh4, rows):
+    big = torch.arange(rows * 3.0).reshape(rows, 3)
+    with sv.record():
+        mine = sv.per_rank(lambda r: big.chunk(4)[r].clone() if r < len(big.chunk(4)) else big[:0].clone())
+    w = sv.show(mine, of=big)
+    lay = w.tensor_layout
+    assert lay.placements == ("S(0)",) and lay.global_shape == (rows, 3)
+    for r, (a, b) in enumerate(expected_rows(rows, 4)):
+        s = lay.shard(r)
+        assert s.shape == (b - a, 3)
+        assert s.indices[0] == ((range(a, b),) if b > a else ())
+        np.testing.assert_array_equal(w.shard_values[r], big[a:b].numpy())
+    np.testing.assert_array_equal(w.global_values(), big.numpy())
+
+
+def test_column_and_block_wise_chunks():
+    sv.use("local", world_size=4)
+    g = torch.arange(32.0).reshape(4, 8)
+    with sv.record():
+        cols = sv.per_rank(lambda r: g.chunk(4, dim=1)[r].clone())
+        blocks = sv.per_rank(
+            lambda r: g[(r // 2) * 2 : (r // 2) * 2 + 2, (r % 2) * 4 : (r % 2) * 4 + 4].clone()
+        )
+    lay = sv.show(cols, of=g).tensor_layout
+    assert lay.placements == ("S(1)",) and [s.offset for s in lay.shards] == [(0, 0), (0, 2), (0, 4), (0, 6)]
+    lay = sv.show(blocks, of=g).tensor_layout
+    assert lay.placements == ("S(0)", "S(1)") and lay.mesh_shape == (2, 2)
+    assert [(s.rank, s.coord, s.offset) for s in lay.shards] == [
+        (0, (0, 0), (0, 0)),
+        (1, (0, 1), (0, 4)),
+        (2, (1, 0), (2, 0)),
+        (3, (1, 1), (2, 4)),
+    ]
+
+
+def test_ambiguous_chunks_ask_for_offsets(mesh4):
+    with sv.record():
+        zeros = sv.per_rank(lambda r: torch.zeros(2))
+    with pytest.raises(ValueError, match=r"matches the global tensor at 7 places.*pass offsets="):
+        sv.show(zeros, of=torch.zeros(8))
+    lay = sv.show(zeros, of=torch.zeros(8), offsets=lambda r: (2 * r,)).tensor_layout
+    assert [s.offset for s in lay.shards] == [(0,), (2,), (4,), (6,)]
+    lay = sv.show(zeros, of=torch.zeros(8), offsets={0: (6,), 1: (4,), 2: (2,), 3: (0,)}).tensor_layout
+    assert lay.shard(0).offset == (6,) and lay.shard(0).coord == (3,)
+    with pytest.raises(ValueError, match="nowhere"):
+        sv.show(sv.per_rank(lambda r: torch.full((2,), 9.0)), of=torch.zeros(8))
+    with pytest.raises(TypeError, match="per-rank tensor"):
+        sv.show(torch.zeros(2), of=torch.zeros(8))
+    with pytest.raises(TypeError, match="goes with of="):
+        sv.show(zeros, offsets=[(0,)] * 4)
