@@ -110,8 +110,21 @@ def run_all(page, notebook: str, lab_url: str) -> None:
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
 
-def cell_output_text(page, cell_index: int) -> str:
-    return page.locator(".jp-Notebook .jp-Cell").nth(cell_index).locator(".jp-OutputArea").inner_text()
+def run_code(page, source: str) -> str:
+    """Append a code cell, run it in the notebook's kernel, and return its output text."""
+    page.evaluate(
+        """(source) => {
+            const nb = window.jupyterapp.shell.currentWidget.content;
+            nb.model.sharedModel.insertCell(nb.model.cells.length, {cell_type: 'code', source});
+            nb.activeCellIndex = nb.model.cells.length - 1;
+        }""",
+        source,
+    )
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
+    out = page.locator(".jp-Notebook .jp-Cell").last.locator(".jp-OutputArea-output")
+    out.wait_for()
+    page.wait_for_function(KERNEL_IDLE)
+    return out.inner_text()
 
 
 @pytest.mark.slow
@@ -124,23 +137,29 @@ def test_tour_in_jupyterlab(lab, page, artifacts):
     view.wait_for()
     regions = view.locator("[data-rank]")
     assert {regions.nth(i).get_attribute("data-rank") for i in range(regions.count())} == {"0", "1", "2", "3"}
+    player = p.locator("[data-shardviz-view='player']").first
+    player.wait_for()
     p.wait_for_function(KERNEL_IDLE)
-    # Click rank 2 in the first view; the kernel's widget must see it.
+
+    # Click rank 2 in the first layout view: the kernel's widget sees it.
     view.locator(".sv-mesh [data-rank='2']").first.click()
-    p.evaluate(
-        """() => {
-            const nb = window.jupyterapp.shell.currentWidget.content;
-            const source = 'print("selected:", view.selected)';
-            nb.model.sharedModel.insertCell(nb.model.cells.length, {cell_type: 'code', source});
-            nb.activeCellIndex = nb.model.cells.length - 1;
-        }"""
-    )
-    p.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")
-    last = p.locator(".jp-Notebook .jp-Cell").last.locator(".jp-OutputArea-output")
-    last.wait_for()
-    assert "selected: 2" in last.inner_text()
+    assert "selected: 2" in run_code(p, 'print("selected:", view.selected)')
+
+    # Step the player with its buttons: the synced step reaches Python.
+    player.scroll_into_view_if_needed()
+    assert player.locator("[data-step]").first.get_attribute("data-step") == "0"
+    player.locator("[data-action='next']").first.click()
+    player.locator("[data-step='1']").first.wait_for()
+    assert "player step: 1" in run_code(p, 'print("player step:", player.step)')
+    player.locator("[data-action='prev']").first.click()
+    player.locator("[data-step='0']").first.wait_for()
+    player.locator("[data-action='last']").first.click()
+    player.locator("[data-step='1']").first.wait_for()
+    assert "player step: 1" in run_code(p, 'print("player step:", player.step)')
+
     p.screenshot(path=str(artifacts / "jupyterlab_tour.png"), full_page=True)
     view.scroll_into_view_if_needed()
     view.screenshot(path=str(artifacts / "jupyterlab_layout_view.png"))
+    player.scroll_into_view_if_needed()
+    player.screenshot(path=str(artifacts / "jupyterlab_player.png"))
     assert page.errors == [], page.errors
-    assert page.blocked == [] or all("127.0.0.1" not in u for u in page.blocked)
