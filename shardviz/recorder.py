@@ -10,10 +10,12 @@ target placements, the plan string); none of DebugMode's own logging runs.
 from __future__ import annotations
 
 import dataclasses
+import io
 import linecache
 import os
 import re
 import sys
+import tokenize
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -181,9 +183,23 @@ def _source(frame: FrameType | None) -> Source | None:
     if end is not None and end > line:  # a call spread over several lines: the whole call
         rest = (linecache.getline(fn, i).strip() for i in range(line + 1, min(end, line + 8) + 1))
         text = " ".join([text, *rest])
+    if "#" in text:
+        text = _without_comment(text)
     if _IPYKERNEL_CELL.search(fn):
         fn = "<cell>"
     return Source(fn, line, text)
+
+
+def _without_comment(text: str) -> str:
+    """The line without its trailing comment (tokenized, so a '#' inside a string stays)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return text
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT and tok.start[0] == 1:
+            return text[: tok.start[1]].rstrip() or text
+    return text
 
 
 def _end_line(frame: FrameType) -> int | None:
