@@ -30,12 +30,12 @@ demo: setup
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
 
 test: setup
-	$(BIN)/python -m ruff check shardviz tests benchmarks
+	$(BIN)/python -m ruff check shardviz tests benchmarks docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/python -m ruff check shardviz tests benchmarks
-	$(BIN)/python -m ruff format --check shardviz tests benchmarks
+	$(BIN)/python -m ruff check shardviz tests benchmarks docs
+	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs
 
 notebooks: setup
 	$(BIN)/python notebooks/execute.py

@@ -31,9 +31,7 @@ def layout_page(tmp: Path) -> Path:
     return sv.export_html(dt, tmp / "layout.html", heatmap=True, selected=2)
 
 
-def player_page(tmp: Path) -> Path | None:
-    if not hasattr(sv, "play"):
-        return None
+def player_page(tmp: Path) -> Path:
     sv.use("local", world_size=4)
     with sv.record():
         mesh = init_device_mesh("cpu", (4,))
@@ -44,7 +42,7 @@ def player_page(tmp: Path) -> Path | None:
         partial.redistribute(mesh, [Shard(0)])
         t = sv.per_rank(lambda r: torch.arange(4.0) + r)
         dist.all_reduce(t)
-    return sv.export_html(trace, tmp / "player.html")
+    return sv.export_html(trace, tmp / "player.html", step=1)
 
 
 def main() -> None:
@@ -58,8 +56,6 @@ def main() -> None:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
             page = browser.new_page(viewport={"width": 1100, "height": 700})
             for name, html in pages.items():
-                if html is None:
-                    continue
                 page.goto(html.as_uri())
                 page.wait_for_selector("[data-shardviz-view]")
                 page.wait_for_timeout(500)

@@ -169,22 +169,23 @@ def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
 
 
 MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
-_mesh_infos: weakref.WeakKeyDictionary[Any, MeshInfo] = weakref.WeakKeyDictionary()
+# By id, with a weak reference to tell a reused id apart (DeviceMesh's own hash reads its tensor).
+_mesh_infos: dict[int, tuple[weakref.ReferenceType[Any], MeshInfo]] = {}
 
 
 def mesh_info(mesh: Any) -> MeshInfo:
     """(mesh shape, dim names, ranks in row-major order) of a DeviceMesh; cached per mesh, since
     reading the mesh tensor under the simulation costs milliseconds."""
-    try:
-        return _mesh_infos[mesh]
-    except (KeyError, TypeError):
-        pass
+    hit = _mesh_infos.get(id(mesh))
+    if hit is not None and hit[0]() is mesh:
+        return hit[1]
     with no_dispatch():
         ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
     names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
     info = (tuple(int(s) for s in mesh.mesh.shape), names, ranks)
     with contextlib.suppress(TypeError):
-        _mesh_infos[mesh] = info
+        key = id(mesh)
+        _mesh_infos[key] = (weakref.ref(mesh, lambda _, key=key: _mesh_infos.pop(key, None)), info)
     return info
 
 
@@ -455,3 +456,21 @@ def fake_work() -> Any:
     from torch._C._distributed_c10d import FakeWork
 
     return dist.distributed_c10d.Work.boxed(FakeWork())
+
+
+@contextlib.contextmanager
+def tracking_meshes() -> Iterator[None]:
+    """Remember every DeviceMesh built while the simulation runs (sub-meshes too), so that its
+    cached per-rank coordinates can be kept from cell to cell (see ``reuse_local_mode``)."""
+    original = DeviceMesh.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        remember_mesh(self)
+
+    DeviceMesh.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = original  # type: ignore[method-assign]

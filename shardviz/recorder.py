@@ -10,6 +10,7 @@ target placements, the plan string); none of DebugMode's own logging runs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import linecache
 import os
@@ -161,25 +162,46 @@ def _user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tup
         if fn.startswith(_TORCH_DIR):
             if fn == _DTENSOR_DISPATCH:
                 in_dispatch = True
-            if meshes is not None and ("device_mesh" in code.co_varnames or "mesh" in code.co_varnames):
-                f_locals = frame.f_locals
+            if meshes is not None and not meshes and _holds_mesh(code):
+                f_locals = frame.f_locals  # builds a dict: only for the innermost frame with a mesh
                 for key in ("device_mesh", "mesh"):
                     m = f_locals.get(key)
                     if isinstance(m, _torch.DeviceMesh):
                         meshes.append(m)
+                        break
         elif not (fn.startswith(_OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen")):
             return frame, in_dispatch
         frame = frame.f_back
     return None, in_dispatch
 
 
+@functools.lru_cache(maxsize=1024)
+def _holds_mesh(code: Any) -> bool:
+    return "device_mesh" in code.co_varnames or "mesh" in code.co_varnames
+
+
+_sources: dict[tuple[Any, int], Source] = {}
+
+
 def _source(frame: FrameType | None) -> Source | None:
+    """The user's source line; memoised per code position (loops record the same line again)."""
     if frame is None:
         return None
+    key = (frame.f_code, frame.f_lasti)
+    hit = _sources.get(key)
+    if hit is None:
+        hit = _read_source(frame)
+        if len(_sources) > 4096:
+            _sources.clear()
+        _sources[key] = hit
+    return hit
+
+
+def _read_source(frame: FrameType) -> Source:
     fn = frame.f_code.co_filename
     line = frame.f_lineno
     text = linecache.getline(fn, line).strip()
-    end = _end_line(frame)
+    end = _end_line(frame) if text.count("(") > text.count(")") else None
     if end is not None and end > line:  # a call spread over several lines: the whole call
         rest = (linecache.getline(fn, i).strip() for i in range(line + 1, min(end, line + 8) + 1))
         text = " ".join([text, *rest])
@@ -494,6 +516,8 @@ class Recorder(_torch.DebugMode):
         bound = dict(zip(names, args, strict=False))
         bound.update(kwargs)
         eid = self._reserve()
+        # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
+        # redistribute's mesh): several live meshes can have the same groups, and it names them.
         meshes: list[Any] = []
         source, module, phase, in_dispatch = self._context(meshes)
         for m in meshes:
@@ -576,7 +600,11 @@ class Recorder(_torch.DebugMode):
         listed = isinstance(items, (list, tuple))
         tensors = list(items) if listed else [items]
         per_tensor = [_per_rank(t, ranks) for t in tensors]
-        leader = {r: g[0] for g in groups for r in g} if self.budget.left > 0 else {}
+        if self.budget.left <= 0:  # metadata only: no tensor work, no need to leave the modes
+            if self.budget.keeps_any and self.budget.exhausted_at is None:
+                self.budget.exhausted_at = eid
+            return {r: self._metadata(per_tensor, r, listed) for r in ranks}
+        leader = {r: g[0] for g in groups for r in g}
         out: dict[int, Any] = {}
         with _torch.no_dispatch():
             for r in ranks:
@@ -592,6 +620,10 @@ class Recorder(_torch.DebugMode):
                 out[r] = snaps if listed else snaps[0]
         return out
 
+    def _metadata(self, per_tensor: list[dict[int, torch.Tensor]], r: int, listed: bool) -> Any:
+        snaps = [_meta_snapshot(pt.get(r)) for pt in per_tensor]
+        return snaps if listed else snaps[0]
+
     def _snapshot(self, t: torch.Tensor | None, eid: int) -> TensorSnapshot:
         if t is None:
             return TensorSnapshot((), "unknown")
@@ -605,7 +637,9 @@ class Recorder(_torch.DebugMode):
         return TensorSnapshot(shape, dtype, values)
 
     def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        cached = self._group_cache.get(key)
+        # Kept across recordings: a group name is stable for as long as the world group lives.
+        key = (key, self.world_size, id(_torch.dist.group.WORLD))  # type: ignore[assignment]
+        cached = _GROUP_CACHE.get(key)
         if cached is None:
             try:
                 first = (
@@ -614,7 +648,9 @@ class Recorder(_torch.DebugMode):
             except Exception:
                 first = list(range(self.world_size))
             cached = tuple(tuple(g) for g in _mesh.tile_groups(first, self.world_size))
-            self._group_cache[key] = cached
+            if len(_GROUP_CACHE) > 1024:
+                _GROUP_CACHE.clear()
+            _GROUP_CACHE[key] = cached
         present = set(ranks)
         return tuple(g for g in cached if all(r in present for r in g))
 
@@ -693,6 +729,7 @@ class Recorder(_torch.DebugMode):
 
 
 _warned_get_rank = False
+_GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
@@ -903,6 +940,18 @@ def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
         elif isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
             out[k] = [int(x) for x in v]
     return out
+
+
+def _meta_snapshot(t: torch.Tensor | None) -> TensorSnapshot:
+    if t is None:
+        return _shared_snapshot((), "unknown")
+    return _shared_snapshot(tuple(int(d) for d in t.shape), _torch.dtype_name(t.dtype))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_snapshot(shape: tuple[int, ...], dtype: str) -> TensorSnapshot:
+    """Metadata-only snapshots are immutable: one object per (shape, dtype) serves every rank."""
+    return TensorSnapshot(shape, dtype)
 
 
 def _has_plain(x: Any) -> bool:

@@ -70,7 +70,7 @@ class LocalBackend:
             yield mode  # already inside this backend's simulation
             return
         _torch.reuse_local_mode(mode)
-        with mode:
+        with _torch.tracking_meshes(), mode:
             yield mode
 
     def close(self) -> None:
