@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import shardviz as sv
-from shardviz import layout as _layout_module
+from shardviz.layout import _cached as _layout_memo
 
 HERE = Path(__file__).resolve().parent
 Row = tuple[str, str, str, str]
@@ -86,7 +86,7 @@ def bench_geometry() -> list[Row]:
                 _compute_local_shape_and_global_offset(shape, mesh_shape, list(c), torch_pl)
 
         def ours(mesh_shape=mesh_shape, placements=placements) -> None:
-            _layout_module._cached.cache_clear()  # the computation itself, not the memo
+            _layout_memo.cache_clear()  # the computation itself, not the memo
             sv.layout(shape, mesh_shape, placements)
 
         b, o = median_seconds(baseline), median_seconds(ours)
@@ -103,11 +103,11 @@ def bench_geometry() -> list[Row]:
     names = ("pp", "dp", "tp")
 
     def plan() -> None:
-        _layout_module._cached.cache_clear()
+        _layout_memo.cache_clear()
         sv.plan((8192, 28672), (8, 8, 8), src, dst, names, dtype="bfloat16")
 
     def layouts_only() -> None:
-        _layout_module._cached.cache_clear()
+        _layout_memo.cache_clear()
         sv.layout((8192, 28672), (8, 8, 8), src, names)
         sv.layout((8192, 28672), (8, 8, 8), dst, names)
 
