@@ -25,16 +25,9 @@ print(lay.shard(3).shape)
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_installed_wheel_renders_a_view(tmp_path):
-    dist_dir, target = tmp_path / "dist", tmp_path / "site"
-    build = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist_dir), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    (wheel,) = dist_dir.glob("shardviz-*.whl")
+def test_installed_wheel_renders_a_view(tmp_path, built_wheel):
+    target = tmp_path / "site"
+    wheel = built_wheel
     install = subprocess.run(
         [
             sys.executable,

@@ -16,7 +16,6 @@ The offline HTML export answers the same commands from replies computed at expor
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,7 +47,7 @@ from ..trace import (
 from . import geometry as g
 from . import html
 from .text import event_line
-from .widgets import EXPORT_VALUES_BUDGET, STATIC, esm_source
+from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
 
 # Elements per buffer in a values reply: the view prints numbers into small buffers and a
 # summary for large ones, so a sample of this size is all it ever shows.
@@ -1083,7 +1082,7 @@ def _check_request(msg: Any, keys: Sequence[str]) -> str | None:
     return None
 
 
-class PlayerWidget(anywidget.AnyWidget):
+class PlayerWidget(StaticFallback, anywidget.AnyWidget):
     """Steps through a trace's collectives and redistributes: timeline, each rank's buffers before
     and after, the data flow, the ring algorithm, and the communication cost."""
 
@@ -1245,19 +1244,6 @@ class PlayerWidget(anywidget.AnyWidget):
         if e is None:
             return plot_message("no collectives or redistributes to step through", str(self.trace))
         return plot_event(e, self.trace)
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """Widget view for a live kernel, plus a PNG and text that survive in a saved notebook."""
-        from .mpl import to_png
-
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if bundle is None:
-            return None
-        data, metadata = bundle
-        data = dict(data)
-        data["text/plain"] = self.text()
-        data["image/png"] = base64.b64encode(to_png(self.figure())).decode("ascii")
-        return data, metadata
 
     # ---- offline HTML ----
 

@@ -44,7 +44,24 @@ _WIDE = ("float64", "int64", "uint64", "int32", "uint32")
 SYNCED = ("geometry", "values_info", "dims", "index", "heatmap", "selected", "title")
 
 
-class LayoutWidget(anywidget.AnyWidget):
+class StaticFallback:
+    """For a widget class with ``text()`` and ``figure()``: its notebook output also carries a PNG
+    and text, so a saved notebook shows the picture without a kernel (and text consoles a table)."""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from .mpl import to_png
+
+        bundle = super()._repr_mimebundle_(**kwargs)  # type: ignore[misc]
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        data = dict(data)
+        data["text/plain"] = self.text()  # type: ignore[attr-defined]
+        data["image/png"] = base64.b64encode(to_png(self.figure())).decode("ascii")  # type: ignore[attr-defined]
+        return data, metadata
+
+
+class LayoutWidget(StaticFallback, anywidget.AnyWidget):
     """Global tensor coloured by owning rank(s), the mesh beside it; click a rank for its shard."""
 
     _esm = esm_source("layout")
@@ -191,19 +208,6 @@ class LayoutWidget(anywidget.AnyWidget):
             heatmap=self.heatmap,
             title=self.title or None,
         )
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        """Widget view for a live kernel, plus a PNG and text that survive in a saved notebook."""
-        from .mpl import to_png
-
-        bundle = super()._repr_mimebundle_(**kwargs)
-        if bundle is None:
-            return None
-        data, metadata = bundle
-        data = dict(data)
-        data["text/plain"] = self.text()
-        data["image/png"] = base64.b64encode(to_png(self.figure())).decode("ascii")
-        return data, metadata
 
     # ---- offline HTML ----
 
