@@ -333,6 +333,21 @@ class Recorder(_torch.DebugMode):
         """A user's ``to_local()``: an op event, and its result is followed for local compute."""
         if _is_library(caller):
             return
+        self._user_call("DTensor.to_local", dt, inputs=(_torch.placements_str(dt.placements),))
+        self._track(out)
+
+    def _on_from_local(self, out: Any, caller: FrameType) -> None:
+        if _is_library(caller) or not _torch.is_dtensor(out):
+            return
+        self._user_call("DTensor.from_local", out, outputs=(_torch.placements_str(out.placements),))
+
+    def _user_call(
+        self,
+        name: str,
+        dt: Any,
+        inputs: tuple[tuple[str, ...], ...] = (),
+        outputs: tuple[tuple[str, ...], ...] = (),
+    ) -> None:
         eid = self._reserve()
         source, module, phase, _ = self._context()
         self._note_mesh(dt.device_mesh)
@@ -341,24 +356,9 @@ class Recorder(_torch.DebugMode):
             source=source,
             module=module,
             phase=phase,
-            name="DTensor.to_local",
-            input_placements=(_torch.placements_str(dt.placements),),
-        )
-        self._track(out)
-
-    def _on_from_local(self, out: Any, caller: FrameType) -> None:
-        if _is_library(caller) or not _torch.is_dtensor(out):
-            return
-        eid = self._reserve()
-        source, module, phase, _ = self._context()
-        self._note_mesh(out.device_mesh)
-        self._slots[eid] = OpEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name="DTensor.from_local",
-            output_placements=(_torch.placements_str(out.placements),),
+            name=name,
+            input_placements=inputs,
+            output_placements=outputs,
         )
 
     def _on_get_rank(self, caller: FrameType) -> None:
