@@ -919,7 +919,27 @@ def _reduce_tensors(name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     raise NotImplementedError(f"shardviz cannot simulate reduce op {name!r} for this collective")
 
 
+def _emulate_broadcast(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d broadcast. LocalTensorMode takes the root for a global offset, so on a strided group
+    (a dp group [0, 2] of a (2, 2) mesh) with a root other than 0 it copies the wrong rank; here
+    each group copies its own root (``root_rank`` is an index within the group)."""
+    tensors = bound["tensors"]
+    local = _torch.local_tensors(tensors[0])
+    root = int(bound["root_rank"])
+    if local is None:  # a plain tensor: the same on every rank, nothing to move
+        return (tensors, _torch.fake_work())
+    with _torch.no_dispatch():
+        for g in groups:
+            if root < len(g):
+                src = local[g[root]]
+                for r in g:
+                    if r != g[root]:
+                        local[r].copy_(src)
+    return (tensors, _torch.fake_work())
+
+
 _EMULATED = {
+    "c10d.broadcast_": _emulate_broadcast,
     "c10d.gather_": _emulate_gather,
     "c10d.reduce_": _emulate_reduce,
     "c10d.reduce_scatter_": _emulate_reduce_scatter,

@@ -166,3 +166,22 @@ def test_tolerances_by_dtype():
     assert flow.compare(a, a + 1e-2, "float32") is None
     assert flow.compare(a, a + 1e-2, "bfloat16") is not None
     assert flow.compare(np.array([1, 2]), np.array([1, 3]), "int64") is None
+
+
+def test_broadcast_from_a_non_zero_root_on_strided_groups():
+    # dp groups of a (2, 2) mesh are [0, 2] and [1, 3]; src=2 is index 1 of each group, so rank 0
+    # gets rank 2's buffer and rank 1 gets rank 3's (LocalTensorMode alone copies rank 1's to all).
+    def body():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = sv.per_rank(lambda r: torch.full((2,), float(r)))
+        dist.broadcast(x, src=2, group=mesh.get_group("dp"))
+        assert {r: t.tolist() for r, t in x._local_tensors.items()} == {
+            0: [2.0, 2.0],
+            1: [3.0, 3.0],
+            2: [2.0, 2.0],
+            3: [3.0, 3.0],
+        }
+
+    (e,) = recorded(body).collectives()
+    assert (e.root, e.roots()) == (1, [2, 3])
+    assert flow.check(e).ok and flow.check(e).checked
