@@ -273,6 +273,14 @@ class Trace:
 
         return trace_text(self)
 
+    def check(self) -> dict[int, Any]:
+        """Collectives whose recorded outputs differ from what the op's semantics give for their
+        recorded inputs (``shardviz.flow``), by event id: empty when everything adds up. A
+        debugging tool must not hide a wrong result, the simulator's own included."""
+        from .flow import check_trace
+
+        return {i: c for i, c in check_trace(self.events).items() if c.checked and not c.ok}
+
     def summary(self, link: Any = None) -> Any:
         """Communication cost per collective, per mesh dim and per module (``str()`` is a table,
         ``.rows`` the data); ``link`` is a preset name ("nvlink4", "pcie5", "ib-ndr", ...) or a

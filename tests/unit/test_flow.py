@@ -121,6 +121,17 @@ def test_dtensor_redistributes(rows, mesh_shape):
     assert_all_checked(trace)
 
 
+def test_trace_check_lists_only_mismatches():
+    trace = recorded(lambda: (dist.all_reduce(rank_values((3,))), dist.broadcast(rank_values((2,)), src=1)))
+    assert trace.check() == {}
+    e = trace.collectives()[0]
+    outputs = dict(e.outputs)
+    outputs[1] = TensorSnapshot(outputs[1].shape, outputs[1].dtype, outputs[1].values + 1)
+    trace.events[0] = dataclasses.replace(e, outputs=outputs)
+    (bad,) = trace.check()
+    assert bad == e.id and not trace.check()[bad].ok
+
+
 def test_tampered_output_is_caught():
     trace = recorded(lambda: dist.all_reduce(rank_values((3,))))
     (e,) = trace.collectives()
