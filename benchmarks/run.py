@@ -188,8 +188,11 @@ def bench_recording() -> list[Row]:
     ]
 
 
-def bench_scale(sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)) -> list[Row]:
-    """A 2-D redistribute [S(0), S(1)] -> [R, R] at growing world sizes."""
+def bench_scale(
+    sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256), sides: tuple[int, ...] = (64, 512)
+) -> list[Row]:
+    """A 2-D redistribute [S(0), S(1)] -> [R, R] at growing world sizes, of a tiny tensor (where
+    shardviz's fixed cost per event shows most) and of a modest one."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -202,28 +205,32 @@ def bench_scale(sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)) -> lis
         sv.use("local", world_size=n)
         with sv.record(values="none"):
             mesh = init_device_mesh("cpu", shape)
-            dt = distribute_tensor(torch.randn(64, 64), mesh, [Shard(0), Shard(1)], src_data_rank=None)
         backend = sv.backends.current()
         cases = {
             "bare": backend.simulate,  # type: ignore[attr-defined]
             "none": lambda: sv.record(values="none"),
             "default": lambda: sv.record(),
         }
-        progress(f"scale: {n} ranks - timing")
-        rounds = 9 if n <= 32 else 5 if n <= 128 else 3
+        for side in sides:
+            with sv.record(values="none"):
+                dt = distribute_tensor(
+                    torch.randn(side, side), mesh, [Shard(0), Shard(1)], src_data_rank=None
+                )
+            progress(f"scale: {n} ranks, {side}x{side} - timing")
+            rounds = 31 if n <= 16 else 11 if n <= 64 else 5
 
-        def body(dt=dt, mesh=mesh) -> object:
-            return dt.redistribute(mesh, [Replicate(), Replicate()])
+            def body(dt=dt, mesh=mesh) -> object:
+                return dt.redistribute(mesh, [Replicate(), Replicate()])
 
-        med = interleaved(cases, body, rounds)
-        rows.append(
-            (
-                f"2-D redistribute [S(0),S(1)]->[R,R] of 64x64 on mesh {shape} ({n} ranks)",
-                f'{med["none"] * 1e3:.1f} ms (values="none"), {med["default"] * 1e3:.1f} ms (default)',
-                f"{med['bare'] * 1e3:.1f} ms (bare)",
-                f"{med['none'] / med['bare']:.2f}x / {med['default'] / med['bare']:.2f}x",
+            med = interleaved(cases, body, rounds)
+            rows.append(
+                (
+                    f"2-D redistribute [S(0),S(1)]->[R,R] of {side}x{side} on mesh {shape} ({n} ranks)",
+                    f'{med["none"] * 1e3:.1f} ms (values="none"), {med["default"] * 1e3:.1f} ms (default)',
+                    f"{med['bare'] * 1e3:.1f} ms (bare)",
+                    f"{med['none'] / med['bare']:.2f}x / {med['default'] / med['bare']:.2f}x",
+                )
             )
-        )
     sv.use("local", world_size=4)
     return rows
 
