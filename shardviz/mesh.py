@@ -5,6 +5,7 @@ Pure functions, so geometry and trace analysis work for any mesh size without a 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from itertools import product
@@ -55,9 +56,20 @@ def match_dim(
     groups: Sequence[Sequence[int]], mesh_shape: Sequence[int], ranks: Sequence[int] | None = None
 ) -> int | None:
     """The mesh dim whose groups are exactly ``groups``, or None."""
-    want = sorted(sorted(g) for g in groups)
+    return _match_dim(
+        tuple(sorted(tuple(sorted(g)) for g in groups)),
+        tuple(mesh_shape),
+        tuple(ranks) if ranks is not None else None,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _match_dim(
+    want: tuple[tuple[int, ...], ...], mesh_shape: tuple[int, ...], ranks: tuple[int, ...] | None
+) -> int | None:
+    # Cached: every collective of every recording asks this of the same few meshes.
     for d in range(len(mesh_shape)):
-        if dim_groups(mesh_shape, d, ranks) == want:
+        if [tuple(g) for g in dim_groups(mesh_shape, d, ranks)] == list(want):
             return d
     return None
 
