@@ -28,13 +28,31 @@ _VIRIDIS = ListedColormap(
 ).resampled(256)
 
 
-def _fill(ax: Any, x: float, y: float, w: float, h: float, rank: int, gid: str, alpha: float = 1.0) -> None:
+def _fill(
+    ax: Any,
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    rank: int,
+    gid: str,
+    alpha: float = 1.0,
+    edge: str = "none",
+) -> None:
+    """A rank's colour, with its pattern where colours repeat (past nine ranks)."""
     color, text, pattern = g.rank_style(rank)
-    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="none", alpha=alpha, gid=gid))
+    lw = 0.6 if edge != "none" else None
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, lw=lw, alpha=alpha, gid=gid))
     hatch = _HATCH[pattern]
     if hatch and alpha == 1.0:
         ink = "#ffffffb0" if text == "#FFFFFF" else "#00000080"
         ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch=hatch, edgecolor=ink, lw=0, gid="pattern"))
+
+
+def _partial(ax: Any, x: float, y: float, w: float, h: float) -> None:
+    """The hatch that marks a pending reduction."""
+    ink = "#00000070"
+    ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch="////", edgecolor=ink, lw=0, gid="partial"))
 
 
 def _label_fits(text: str, w_pt: float, h_pt: float, size: float) -> bool:
@@ -167,9 +185,7 @@ def _draw_tensor(
                 Rectangle((x, y), w, h, facecolor="#d9d9d9", edgecolor="none", gid=f"shard-r{b.owners[0]}")
             )
         if partial and not heatmap:
-            ax.add_patch(
-                Rectangle((x, y), w, h, fill=False, hatch="////", edgecolor="#00000070", lw=0, gid="partial")
-            )
+            _partial(ax, x, y, w, h)
         ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="white", lw=1.2, gid="edge"))
         if heatmap or (len(b.owners) == 1 and not label_all):
             continue
@@ -270,7 +286,7 @@ def _draw_mesh(ax: Any, layout: Layout) -> None:
         for k in range(per):
             s = layout.shards[gi * per + k]
             x, y = ox + k % cols, oy + k // cols
-            color, ink, pattern = g.rank_style(s.rank)
+            ink = g.rank_style(s.rank)[1]
             if s.empty:
                 ax.add_patch(
                     Rectangle(
@@ -285,45 +301,9 @@ def _draw_mesh(ax: Any, layout: Layout) -> None:
                 )
                 ink = "#333333"
             else:
-                ax.add_patch(
-                    Rectangle(
-                        (x + 0.05, y + 0.05),
-                        0.9,
-                        0.9,
-                        facecolor=color,
-                        edgecolor="#555555",
-                        lw=0.6,
-                        gid=f"mesh-r{s.rank}",
-                    )
-                )
-                hatch = _HATCH[pattern]
-                if hatch:
-                    hink = "#ffffffb0" if ink == "#FFFFFF" else "#00000080"
-                    ax.add_patch(
-                        Rectangle(
-                            (x + 0.05, y + 0.05),
-                            0.9,
-                            0.9,
-                            fill=False,
-                            hatch=hatch,
-                            edgecolor=hink,
-                            lw=0,
-                            gid="pattern",
-                        )
-                    )
+                _fill(ax, x + 0.05, y + 0.05, 0.9, 0.9, s.rank, f"mesh-r{s.rank}", edge="#555555")
                 if partial:
-                    ax.add_patch(
-                        Rectangle(
-                            (x + 0.05, y + 0.05),
-                            0.9,
-                            0.9,
-                            fill=False,
-                            hatch="////",
-                            edgecolor="#00000070",
-                            lw=0,
-                            gid="partial",
-                        )
-                    )
+                    _partial(ax, x + 0.05, y + 0.05, 0.9, 0.9)
             size = min(9.0, unit * 0.3)
             if size >= 4:
                 text = str(s.rank)
