@@ -102,6 +102,14 @@ function decodeValues(meta, buffer) {
   };
 }
 
+// Subscribe each [event, handler] pair; the returned function undoes exactly those.
+function listen(model, pairs) {
+  for (const [event, handler] of pairs) model.on(event, handler);
+  return () => {
+    for (const [event, handler] of pairs) model.off(event, handler);
+  };
+}
+
 function makeInvoke(model, experimental) {
   if (experimental && typeof experimental.invoke === "function") {
     return (name, msg) => experimental.invoke(name, msg, { signal: AbortSignal.timeout(30000) });

@@ -492,24 +492,20 @@ function render({ model, el, experimental }) {
     drawControls();
     drawInfo();
   };
-  model.on("change:geometry", onGeometry);
-  model.on("change:dims", onView);
-  model.on("change:index", onView);
-  model.on("change:heatmap", onHeat);
-  model.on("change:selected", onSelected);
-  model.on("change:values_info", onValuesInfo);
-  model.on("change:title", drawHead);
+  const unlisten = listen(model, [
+    ["change:geometry", onGeometry],
+    ["change:dims", onView],
+    ["change:index", onView],
+    ["change:heatmap", onHeat],
+    ["change:selected", onSelected],
+    ["change:values_info", onValuesInfo],
+    ["change:title", drawHead],
+  ]);
   drawAll();
   root.dataset.ready = "true";
 
   return () => {
-    model.off("change:geometry", onGeometry);
-    model.off("change:dims", onView);
-    model.off("change:index", onView);
-    model.off("change:heatmap", onHeat);
-    model.off("change:selected", onSelected);
-    model.off("change:values_info", onValuesInfo);
-    model.off("change:title", drawHead);
+    unlisten();
     cancelAnimationFrame(raf);
     root.remove();
   };

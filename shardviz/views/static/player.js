@@ -916,18 +916,17 @@ function render({ model, el, experimental }) {
     drawTotals();
     drawDetail();
   }
-  model.on("change:step", onStep);
-  model.on("change:link", onLink);
-  model.on("change:timeline", onData);
-  model.on("change:info", onData);
+  const unlisten = listen(model, [
+    ["change:step", onStep],
+    ["change:link", onLink],
+    ["change:timeline", onData],
+    ["change:info", onData],
+  ]);
   drawAll();
 
   return () => {
     if (playing) clearInterval(playing);
-    model.off("change:step", onStep);
-    model.off("change:link", onLink);
-    model.off("change:timeline", onData);
-    model.off("change:info", onData);
+    unlisten();
     root.remove();
   };
 }
