@@ -215,19 +215,30 @@ def reuse_local_mode(mode: Any) -> None:
 def dtensor_geometry(dt: Any) -> dict[str, Any]:
     """What the pure layout function needs to describe a DTensor."""
     spec = dt._spec
-    shape, names, ranks = mesh_info(spec.mesh)
     order = None
     so = getattr(spec, "shard_order", None)
     if so and not getattr(spec, "use_strided_shard_as_shard_order", False):
         order = {int(e.tensor_dim): tuple(int(m) for m in e.mesh_dims) for e in so}
+    return {**_spec_fields(spec, dt.shape, dt.dtype), "shard_order": order}
+
+
+def spec_geometry(spec: Any) -> dict[str, Any] | None:
+    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames)."""
+    meta = getattr(spec, "tensor_meta", None)
+    if meta is None or not hasattr(spec, "placements"):
+        return None
+    return _spec_fields(spec, meta.shape, meta.dtype)
+
+
+def _spec_fields(spec: Any, shape: Any, dtype: torch.dtype) -> dict[str, Any]:
+    mesh_shape, names, ranks = mesh_info(spec.mesh)
     return {
-        "global_shape": tuple(int(s) for s in dt.shape),
-        "dtype": dtype_name(dt.dtype),
-        "mesh_shape": shape,
+        "global_shape": tuple(int(s) for s in shape),
+        "dtype": dtype_name(dtype),
+        "mesh_shape": mesh_shape,
         "mesh_dim_names": names,
         "mesh_ranks": ranks,
         "placements": placements_str(spec.placements),
-        "shard_order": order,
     }
 
 
@@ -366,22 +377,6 @@ class ModuleStack:
         self._handles.clear()
         self._hooked = weakref.WeakSet()
         self._stack.clear()
-
-
-def spec_geometry(spec: Any) -> dict[str, Any] | None:
-    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames)."""
-    meta = getattr(spec, "tensor_meta", None)
-    if meta is None or not hasattr(spec, "placements"):
-        return None
-    shape, names, ranks = mesh_info(spec.mesh)
-    return {
-        "global_shape": tuple(int(s) for s in meta.shape),
-        "dtype": dtype_name(meta.dtype),
-        "mesh_shape": shape,
-        "mesh_dim_names": names,
-        "mesh_ranks": ranks,
-        "placements": placements_str(spec.placements),
-    }
 
 
 def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
