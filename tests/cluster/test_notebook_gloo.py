@@ -7,9 +7,8 @@ show is the same, except that real ranks each print their own line, tagged with 
 
 from __future__ import annotations
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+from nbcells import run_cells, text
 
 import shardviz as sv
 
@@ -39,29 +38,7 @@ CELLS = [
 
 
 def execute(use: str, tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(use if c == "USE" else c) for c in CELLS]
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()
-    return [c.outputs for c in nb.cells]
-
-
-def text(outputs, mime="text/plain"):
-    parts = []
-    for o in outputs:
-        if o.output_type == "stream":
-            parts.append(o.text)
-        elif o.output_type in ("execute_result", "display_data"):
-            parts.append(o.data.get(mime, ""))
-        elif o.output_type == "error":
-            parts.append(f"{o.ename}: {o.evalue}")
-    return "".join(parts)
+    return run_cells([use if c == "USE" else c for c in CELLS], tmp_path)
 
 
 def test_the_same_cells_under_local_and_gloo(cluster, tmp_path):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
+from nbcells import run_cells
+from nbcells import text as cell_text
 
 CELLS = [
     "import shardviz as sv\n%load_ext shardviz",
@@ -31,28 +31,10 @@ CELLS = [
 
 @pytest.mark.timeout(180)
 def test_spmd_cells_in_a_kernel(tmp_path):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    client = NotebookClient(
-        nb,
-        timeout=120,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()
-    out = [c.outputs for c in nb.cells]
+    out = run_cells(CELLS, tmp_path)
 
     def text(i):
-        parts = []
-        for o in out[i]:
-            if o.output_type == "stream":
-                parts.append(o.text)
-            elif o.output_type in ("execute_result", "display_data"):
-                parts.append(o.data.get("text/plain", ""))
-            elif o.output_type == "error":
-                parts.append(f"{o.ename}: {o.evalue}")
-        return "".join(parts)
+        return cell_text(out[i])
 
     assert "local backend, 4 ranks" in text(1)
     assert text(2) == "('S(0)',)"  # the cell's last expression is displayed

@@ -17,9 +17,9 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
-from comm.base_comm import BaseComm
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from widget_comm import attach, from_frontend, invoke
 
 import shardviz as sv
 from shardviz.views import geometry as g
@@ -31,51 +31,9 @@ matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# ---- a recording comm, as anywidget's and ipywidgets' own tests do -------------------------------
-
-
-class RecordingComm(BaseComm):
-    """Keeps every message the widget publishes to the frontend."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict, list]] = []
-        super().__init__(target_name="jupyter.widget", primary=False)
-
-    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
-        self.sent.append((msg_type, data, list(buffers or [])))
-
-
-def attach(widget: LayoutWidget) -> RecordingComm:
-    comm = RecordingComm()
-    widget.comm = comm
-    return comm
-
-
-def from_frontend(widget: LayoutWidget, data: dict, buffers=()) -> None:
-    widget._handle_msg({"content": {"data": data}, "buffers": list(buffers)})
-
-
 def fetch(widget: LayoutWidget, rank: int, msg_id: str = "req-1") -> tuple[dict, list]:
-    """Ask for values exactly as layout.js does (anywidget's command protocol) and read the reply."""
-    comm = attach(widget)
-    from_frontend(
-        widget,
-        {
-            "method": "custom",
-            "content": {
-                "id": msg_id,
-                "kind": "anywidget-command",
-                "name": "fetch_values",
-                "msg": {"rank": rank},
-            },
-        },
-    )
-    assert len(comm.sent) == 1
-    msg_type, data, buffers = comm.sent[0]
-    assert msg_type == "comm_msg" and data["method"] == "custom"
-    content = data["content"]
-    assert content["id"] == msg_id and content["kind"] == "anywidget-command-response"
-    return content["response"], buffers
+    """Ask for values exactly as layout.js does and read the reply."""
+    return invoke(widget, "fetch_values", {"rank": rank}, msg_id=msg_id, only=True)
 
 
 def decoded(widget: LayoutWidget, rank: int) -> np.ndarray:

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import traitlets
-from comm.base_comm import BaseComm
 from matplotlib.patches import FancyArrowPatch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from widget_comm import attach, invoke
 
 import shardviz as sv
 from shardviz import cost
@@ -51,42 +51,6 @@ OPS = [
     "gather",  # 13
     "scatter",  # 14
 ]
-
-
-class RecordingComm(BaseComm):
-    """Keeps every message the widget publishes to the frontend."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict, list]] = []
-        super().__init__(target_name="jupyter.widget", primary=False)
-
-    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
-        self.sent.append((msg_type, data, list(buffers or [])))
-
-
-def attach(widget) -> RecordingComm:
-    comm = RecordingComm()
-    widget.comm = comm
-    return comm
-
-
-def invoke(widget, name: str, msg: dict) -> tuple[dict, list]:
-    """Call a command exactly as player.js does (anywidget's command protocol), read the reply."""
-    comm = attach(widget)
-    widget._handle_msg(
-        {
-            "content": {
-                "data": {
-                    "method": "custom",
-                    "content": {"id": "r1", "kind": "anywidget-command", "name": name, "msg": msg},
-                }
-            },
-            "buffers": [],
-        }
-    )
-    (msg_type, data, buffers) = comm.sent[-1]
-    assert msg_type == "comm_msg" and data["content"]["kind"] == "anywidget-command-response"
-    return data["content"]["response"], buffers
 
 
 def ring_values(meta: dict, buf: bytes):
