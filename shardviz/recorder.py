@@ -301,7 +301,6 @@ class Recorder(_torch.DebugMode):
         self._has_children: set[int] = set()
         self._current_op: int | None = None
         self._in_dtensor_op = False
-        self._group_cache: dict[Any, tuple[tuple[int, ...], ...]] = {}
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
         self._group_desc: dict[int, str] = {}
         self._desc_cache: dict[Any, str] = {}
@@ -576,7 +575,7 @@ class Recorder(_torch.DebugMode):
             impl=impl,
             reduce_op=_reduce_name(bound.get("reduce_op")) if spec.reduce else None,
             groups=groups,
-            root=_root_index(root, groups, spec.group),
+            root=None if root is None else int(root),  # c10d and functional ops pass a group rank
             inputs=inputs,
             outputs=outputs,
             nbytes=nbytes,
@@ -1049,13 +1048,6 @@ def _reduce_name(op: Any) -> str | None:
     return _REDUCE_NAMES.get(name, name.lower())
 
 
-def _root_index(root: Any, groups: tuple[tuple[int, ...], ...], group_kind: str) -> int | None:
-    """The root as an index within each group (c10d and functional ops both pass a group rank)."""
-    if root is None:
-        return None
-    return int(root)
-
-
 def _op_name(func: Any) -> str:
     name = str(func)
     return name.removesuffix(".default")
@@ -1118,6 +1110,3 @@ def _at_rank(value: Any, rank: int) -> Any:
     if isinstance(value, dict):
         return {k: _at_rank(v, rank) for k, v in value.items()}
     return value
-
-
-Callback = Callable[..., Any]
