@@ -964,11 +964,11 @@ class ClusterBackend:
             while True:
                 for run, ar in zip(runs, ars, strict=True):
                     self._update(run, ar)
-                pending = [ar for ar in ars if not ar.done()]
-                if not pending:
-                    break
+                # Diagnosed before the all-done exit too: a rank that died in the same poll in
+                # which its peer's collective failed is still reported as the death it is.
                 fault = diagnose(runs)
-                if fault is not None:
+                pending = [ar for ar in ars if not ar.done()]
+                if fault is not None or not pending:
                     break
                 concurrent.futures.wait(pending, timeout=0.05, return_when=concurrent.futures.FIRST_COMPLETED)
         except KeyboardInterrupt:

@@ -228,3 +228,57 @@ def test_a_timed_out_rank_while_another_still_runs():
 def test_ranks_all_inside_the_same_collective_are_fine():
     runs = [RankRun(r, r, flight=flight(1, "all_reduce")) for r in range(2)]
     assert diagnose(runs) is None
+
+
+def test_a_death_seen_with_its_peers_failure_is_the_fault():
+    """Rank 1's engine exits and rank 0's all_reduce fails on the closed connection; both are seen
+    finished in the same poll. The death is the cause, so it is what dispatch reports."""
+    from shardviz.backends.cluster import ClusterBackend, CollectiveHangError
+
+    error = {
+        "ename": "RuntimeError",
+        "evalue": "Connection closed by peer [127.0.0.1]:48520",
+        "traceback": "RuntimeError: Connection closed by peer",
+        "distributed": True,
+    }
+
+    class Done:
+        stdout = stderr = ""
+
+        def __init__(self, result=None, exc=None):
+            self._result, self._exc = result, exc
+            self.data, self.outputs = {}, []
+
+        def done(self):
+            return True
+
+        def exception(self):
+            return self._exc
+
+        def result(self):
+            return self._result
+
+        def wait_for_output(self, timeout):
+            return None
+
+    class EngineError(Exception):
+        ename = "EngineError"
+
+    ars = [Done(result={"error": error, "flight": flight(1, "all_reduce")}), Done(exc=EngineError())]
+
+    class View:
+        def __init__(self, ar):
+            self.ar = ar
+
+        def apply_async(self, func, *args):
+            return self.ar
+
+    backend = ClusterBackend.__new__(ClusterBackend)
+    backend.engines, backend.local, backend.timeout = [0, 1], None, 10.0
+    backend.broken, backend.busy = "", {}
+    backend._check_usable = lambda: None
+    backend._view = lambda e: View(ars[e])
+    with pytest.raises(CollectiveHangError) as info:
+        backend.dispatch(lambda: None, [(), ()])
+    assert info.value.missing == [1] and info.value.where[1].startswith("died")
+    assert "Rank 1 died (engine exited) while running." in str(info.value)
