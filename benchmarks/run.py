@@ -42,17 +42,22 @@ def interleaved(
     body: Callable[[], object],
     rounds: int,
 ) -> dict[str, float]:
-    """Median time of ``body`` under each context, the contexts taking turns to share the noise."""
+    """Median time of ``body`` under each context, the contexts taking turns to share the noise.
+
+    The clock covers entering and leaving the context too (a recording is finished on leaving),
+    and ``body``'s result is held until after, as a notebook cell's variable would be.
+    """
     times: dict[str, list[float]] = {k: [] for k in cases}
     for ctx in cases.values():  # warm up
         with ctx():
             body()
     for _ in range(rounds):
         for k, ctx in cases.items():
+            t = time.perf_counter()
             with ctx():
-                t = time.perf_counter()
-                body()
-                times[k].append(time.perf_counter() - t)
+                result = body()
+            times[k].append(time.perf_counter() - t)
+            del result
     return {k: statistics.median(v) for k, v in times.items()}
 
 
