@@ -39,6 +39,7 @@ _REQUIRED = {
     "disable_current_modes": ("torch.utils._python_dispatch", "_disable_current_modes"),
     "dispatch_mode_stack": ("torch.utils._python_dispatch", "_get_current_dispatch_mode_stack"),
     "resolve_process_group": ("torch.distributed.distributed_c10d", "_resolve_process_group"),
+    "storage_use_count": ("torch._C", "_storage_Use_Count"),
 }
 
 
@@ -123,6 +124,26 @@ def local_tensors(t: object) -> dict[int, torch.Tensor] | None:
     return None
 
 
+def plain_tensors(x: object) -> list[torch.Tensor]:
+    """The plain tensors that hold ``x``'s data: a DTensor's local shard(s), a LocalTensor's
+    per-rank tensors, or ``x`` itself."""
+    if isinstance(x, DTensor):
+        x = x._local_tensor
+    if isinstance(x, LocalTensor):
+        return list(x._local_tensors.values())
+    return [x] if isinstance(x, torch.Tensor) else []
+
+
+def storage_users(t: torch.Tensor) -> int:
+    """How many holders share ``t``'s storage (tensors, views, numpy arrays over it)."""
+    return int(_private["storage_use_count"](t.untyped_storage()._cdata))
+
+
+def tensor_users(t: torch.Tensor) -> int:
+    """How many C++ owners ``t``'s TensorImpl has (a ``.grad`` slot, autograd's saved tensors)."""
+    return int(t._use_count())
+
+
 def is_dtensor(t: object) -> bool:
     return isinstance(t, DTensor)
 
@@ -192,11 +213,20 @@ def mesh_info(mesh: Any) -> MeshInfo:
 # Meshes seen alive, by id: their coordinates may be reused across simulated cells, and their
 # dims name the groups of later collectives. Weak values: a dead mesh's id can be reused.
 _live_meshes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_mesh_births = 0
 
 
 def remember_mesh(mesh: Any) -> None:
+    global _mesh_births
     with contextlib.suppress(TypeError):
+        if _live_meshes.get(id(mesh)) is not mesh:
+            _mesh_births += 1
         _live_meshes[id(mesh)] = mesh
+
+
+def mesh_generation() -> tuple[int, int]:
+    """Changes whenever a mesh is remembered or freed: the key for what is derived from them."""
+    return _mesh_births, len(_live_meshes)
 
 
 def known_mesh_infos() -> list[MeshInfo]:
@@ -390,41 +420,126 @@ def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
     return op, specs
 
 
-@contextlib.contextmanager
-def watch_user_calls(on_to_local: Any, on_from_local: Any, on_get_rank: Any) -> Iterator[None]:
+class UserCallWatch:
     """Call back around ``DTensor.to_local``, ``DTensor.from_local`` and ``dist.get_rank`` while a
     simulation is recorded: they are Python calls, not dispatched ops, so a dispatch mode cannot see
-    them. Each callback gets the calling frame, to tell user code from torch's own calls."""
+    them. Each callback gets the calling frame, to tell user code from torch's own calls.
+
+    While any recording runs, DTensor's redistribute plan strings are also memoised: DTensor
+    formats one for every redistribute it reports to a DebugMode, and in a loop it is the same
+    string every time. The wrappers are made once and installed while a watch is open.
+    """
+
+    def __init__(self, on_to_local: Any, on_from_local: Any, on_get_rank: Any) -> None:
+        self.callbacks = (on_to_local, on_from_local, on_get_rank)
+
+    def __enter__(self) -> None:
+        if not _watches:
+            _install_watch()
+        _watches.append(self.callbacks)
+
+    def __exit__(self, *exc: object) -> None:
+        _watches.remove(self.callbacks)
+        if not _watches:
+            _uninstall_watch()
+
+
+_watches: list[tuple[Any, Any, Any]] = []
+_watch_originals: dict[str, Any] = {}
+
+
+def _install_watch() -> None:
+    from torch.distributed.tensor._redistribute import DTensorRedistributePlanner as planner
+
+    if not _watch_originals:
+        _make_watch_wrappers(planner)
+    w = _watch_originals
+    DTensor.to_local = w["to_local_wrapper"]  # type: ignore[method-assign]
+    DTensor.from_local = staticmethod(w["from_local_wrapper"])  # type: ignore[method-assign,assignment]
+    dist.get_rank = w["get_rank_wrapper"]
+    planner.stringify_transform_infos = staticmethod(w["stringify_wrapper"])  # type: ignore[method-assign]
+
+
+def _uninstall_watch() -> None:
+    from torch.distributed.tensor._redistribute import DTensorRedistributePlanner as planner
+
+    w = _watch_originals
+    DTensor.to_local = w["to_local"]  # type: ignore[method-assign]
+    DTensor.from_local = w["from_local"]  # type: ignore[method-assign]
+    dist.get_rank = w["get_rank"]
+    planner.stringify_transform_infos = w["stringify"]  # type: ignore[method-assign]
+
+
+def _make_watch_wrappers(planner: Any) -> None:
     orig_to_local = DTensor.to_local
     orig_from_local = DTensor.__dict__["from_local"]
     orig_get_rank = dist.get_rank
+    orig_stringify = planner.__dict__["stringify_transform_infos"]
+    stringify = orig_stringify.__func__
+    plans: dict[Any, str] = {}
 
     @functools.wraps(orig_to_local)
     def to_local(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_to_local(self, *args, **kwargs)
-        on_to_local(self, out, sys._getframe(1))
+        for on_to_local, _, _ in list(_watches):
+            on_to_local(self, out, sys._getframe(1))
         return out
 
     @functools.wraps(orig_from_local.__func__)
     def from_local(*args: Any, **kwargs: Any) -> Any:
         out = orig_from_local.__func__(*args, **kwargs)
-        on_from_local(out, sys._getframe(1))
+        for _, on_from_local, _ in list(_watches):
+            on_from_local(out, sys._getframe(1))
         return out
 
     @functools.wraps(orig_get_rank)
     def get_rank(*args: Any, **kwargs: Any) -> Any:
-        on_get_rank(sys._getframe(1))
+        for _, _, on_get_rank in list(_watches):
+            on_get_rank(sys._getframe(1))
         return orig_get_rank(*args, **kwargs)
 
-    DTensor.to_local = to_local  # type: ignore[method-assign]
-    DTensor.from_local = staticmethod(from_local)  # type: ignore[method-assign,assignment]
-    dist.get_rank = get_rank
-    try:
-        yield
-    finally:
-        DTensor.to_local = orig_to_local  # type: ignore[method-assign]
-        DTensor.from_local = orig_from_local  # type: ignore[method-assign]
-        dist.get_rank = orig_get_rank
+    @functools.wraps(stringify)
+    def stringify_memo(
+        mesh: Any,
+        transform_infos: Any,
+        src_placement: Any,
+        src_shard_order: Any = None,
+        use_strided_shard_as_shard_order: bool = False,
+    ) -> str:
+        # The string depends on the placements, the shard order and each step's kind, mesh dims
+        # and placements, not on the mesh itself unless strided shards are normalised with it.
+        if use_strided_shard_as_shard_order:
+            return stringify(mesh, transform_infos, src_placement, src_shard_order, True)
+        try:
+            key = (
+                mesh.ndim,
+                tuple(src_placement),
+                src_shard_order,
+                tuple(
+                    (type(t), t.mesh_dim, t.src_dst_placements, getattr(t, "original_mesh_dims", None))
+                    for t in transform_infos
+                ),
+            )
+            hit = plans.get(key)
+        except TypeError:  # something unhashable: no memo
+            return stringify(mesh, transform_infos, src_placement, src_shard_order)
+        if hit is None:
+            hit = stringify(mesh, transform_infos, src_placement, src_shard_order)
+            if len(plans) > 4096:
+                plans.clear()
+            plans[key] = hit
+        return hit
+
+    _watch_originals.update(
+        to_local=orig_to_local,
+        from_local=orig_from_local,
+        get_rank=orig_get_rank,
+        stringify=orig_stringify,
+        to_local_wrapper=to_local,
+        from_local_wrapper=from_local,
+        get_rank_wrapper=get_rank,
+        stringify_wrapper=stringify_memo,
+    )
 
 
 def wait_collective(out: Any, functional: bool) -> None:

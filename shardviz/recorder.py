@@ -158,26 +158,45 @@ def _user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tup
     in_dispatch = False
     while frame is not None:
         code = frame.f_code
-        fn = code.co_filename
-        if fn.startswith(_TORCH_DIR):
-            if fn == _DTENSOR_DISPATCH:
-                in_dispatch = True
-            if meshes is not None and not meshes and _holds_mesh(code):
-                f_locals = frame.f_locals  # builds a dict: only for the innermost frame with a mesh
-                for key in ("device_mesh", "mesh"):
-                    m = f_locals.get(key)
-                    if isinstance(m, _torch.DeviceMesh):
-                        meshes.append(m)
-                        break
-        elif not (fn.startswith(_OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen")):
+        kind = _CODE_KINDS.get(code)
+        if kind is None:
+            kind = _code_kind(code)
+        if kind == _USER:
             return frame, in_dispatch
+        if kind & _DISPATCH:
+            in_dispatch = True
+        if kind & _MESH and meshes is not None and not meshes:
+            f_locals = frame.f_locals  # builds a dict: only for the innermost frame with a mesh
+            for key in ("device_mesh", "mesh"):
+                m = f_locals.get(key)
+                if isinstance(m, _torch.DeviceMesh):
+                    meshes.append(m)
+                    break
         frame = frame.f_back
     return None, in_dispatch
 
 
-@functools.lru_cache(maxsize=1024)
-def _holds_mesh(code: Any) -> bool:
-    return "device_mesh" in code.co_varnames or "mesh" in code.co_varnames
+# What a frame's code is, memoised per code object: a frame walk runs for every event.
+_USER, _LIBRARY, _DISPATCH, _MESH = 0, 1, 2, 4
+_CODE_KINDS: dict[Any, int] = {}
+
+
+def _code_kind(code: Any) -> int:
+    fn = code.co_filename
+    if fn.startswith(_TORCH_DIR):
+        kind = _LIBRARY
+        if fn == _DTENSOR_DISPATCH:
+            kind |= _DISPATCH
+        if "device_mesh" in code.co_varnames or "mesh" in code.co_varnames:
+            kind |= _MESH
+    elif fn.startswith(_OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):
+        kind = _LIBRARY
+    else:
+        kind = _USER
+    if len(_CODE_KINDS) > 65536:
+        _CODE_KINDS.clear()
+    _CODE_KINDS[code] = kind
+    return kind
 
 
 _sources: dict[tuple[Any, int], Source] = {}
@@ -261,16 +280,104 @@ class ValueBudget:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype in (torch.bfloat16, torch.float16) or (t.dtype.is_floating_point and t.element_size() == 1):
-        t = t.float()
-    elif t.dtype == torch.complex32:
-        t = t.to(torch.complex64)
-    elif t.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        t = t.to(torch.int64)
-    return t.numpy().copy()
+    """A private copy of ``t``'s values as numpy (widened where numpy lacks the dtype).
+
+    torch makes the copy: its allocator hands back freed pages, where a fresh numpy buffer of a
+    large snapshot is faulted in page by page on first write (six times slower here at 1 MiB).
+    """
+    t = t.detach().resolve_conj().resolve_neg()
+    widened = _NUMPY_WIDER.get(t.dtype)
+    if widened is None and t.dtype.is_floating_point and t.element_size() == 1:
+        widened = torch.float32  # the float8 variants
+    if t.device.type != "cpu" or widened is not None:
+        return t.to("cpu", widened or t.dtype).contiguous().numpy()  # already a new tensor
+    return t.clone(memory_format=torch.contiguous_format).numpy()
+
+
+_NUMPY_WIDER = {
+    torch.bfloat16: torch.float32,
+    torch.float16: torch.float32,
+    torch.complex32: torch.complex64,
+    torch.uint16: torch.int64,
+    torch.uint32: torch.int64,
+    torch.uint64: torch.int64,
+}
+
+
+@dataclass
+class _Alias:
+    """A buffer that snapshots alias: the tensor itself (its version counter tells of writes), its
+    version when aliased, and the one numpy view every snapshot of it shares."""
+
+    tensor: torch.Tensor
+    version: int
+    values: np.ndarray
+    snapshots: list[TensorSnapshot] = dataclasses.field(default_factory=list)
+
+    def settle(self, keep_alias: bool) -> int:
+        """Copy (or, if nobody else holds the buffer, keep) the values; returns how many snapshots
+        lost theirs to a write that bypassed dispatch."""
+        if self.tensor._version != self.version:
+            for snap in self.snapshots:
+                object.__setattr__(snap, "values", None)
+            return len(self.snapshots)
+        if not keep_alias:
+            values = _numpy(self.tensor)
+            for snap in self.snapshots:
+                object.__setattr__(snap, "values", values)
+        return 0
+
+
+def _aliasable(t: torch.Tensor) -> bool:
+    """A plain CPU tensor that is its whole buffer, in a dtype numpy reads as is."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.dtype not in _NUMPY_WIDER
+        and not (t.dtype.is_floating_point and t.element_size() == 1)
+        and t.numel() > 0
+        and t.storage_offset() == 0
+        and t.is_contiguous()
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        and not (t.is_conj() or t.is_neg())
+    )
+
+
+def _holders(held: _Alias) -> tuple[int, int, int]:
+    """Python references to the tensor, C++ references to its TensorImpl (a ``.grad`` slot, a
+    saved-for-backward), and holders of its storage (views, numpy arrays)."""
+    t = held.tensor
+    return sys.getrefcount(t), _torch.tensor_users(t), _torch.storage_users(t)
+
+
+@functools.cache
+def _alone() -> tuple[int, int, int]:
+    """``_holders`` of a buffer that nothing but its _Alias holds."""
+    with _torch.no_dispatch():
+        t = torch.empty(1)
+        held = _Alias(t, t._version, t.numpy(force=True))
+        del t
+        return _holders(held)
+
+
+def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """The (position, name) of each argument an op writes, from its schema."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _pick(written: tuple[tuple[int, str], ...], args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    picked = [args[i] if i < len(args) else kwargs.get(name) for i, name in written]
+    return _flatten(picked)
+
+
+_WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
 
 
 class Recorder(_torch.DebugMode):
@@ -302,15 +409,17 @@ class Recorder(_torch.DebugMode):
         self._current_op: int | None = None
         self._in_dtensor_op = False
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
-        self._group_desc: dict[int, str] = {}
+        self._group_desc: dict[int, str] = {}  # by id() of the event
         self._desc_cache: dict[Any, str] = {}
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
+        # Snapshots that alias a live buffer, by the buffer's storage address: see _alias.
+        self._aliases: dict[int, _Alias] = {}
 
     # --- DebugMode's interface, as DTensor calls it ------------------------------------------
 
     def __enter__(self) -> Recorder:
-        self._calls = _torch.watch_user_calls(self._on_to_local, self._on_from_local, self._on_get_rank)
+        self._calls = _torch.UserCallWatch(self._on_to_local, self._on_from_local, self._on_get_rank)
         self._calls.__enter__()
         _torch.TorchDispatchMode.__enter__(self)
         _torch.debug_mode_counter(+1)
@@ -325,6 +434,7 @@ class Recorder(_torch.DebugMode):
             _torch.TorchDispatchMode.__exit__(self, *exc)
             self._calls.__exit__(*exc)
             self._tracked.clear()
+            self._settle_aliases()
 
     # --- user calls a dispatch mode cannot see -------------------------------------------------
 
@@ -394,7 +504,7 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         source, module, phase, _ = self._context()
         ranks = [self.rank] if self.rank is not None else _present_ranks(inputs, self.world_size)
-        snaps_in = self._snap(inputs, ranks, eid) if inputs else {}
+        snaps_in = self._snap(inputs, ranks, eid, alias=not _WRITTEN.get(func)) if inputs else {}
         out = func(*args, **kwargs)
         self._track(out)
         self._slots[eid] = LocalEvent(
@@ -451,6 +561,12 @@ class Recorder(_torch.DebugMode):
     # --- dispatch ----------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self._aliases:
+            written = _WRITTEN.get(func)
+            if written is None:
+                written = _WRITTEN[func] = _written_args(func)
+            if written:
+                self._unalias(_pick(written, args, kwargs or {}))
         entry = _COLLECTIVES.get(func)
         if entry is None:
             if _torch.DTensor in types:
@@ -517,11 +633,17 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
         # redistribute's mesh): several live meshes can have the same groups, and it names them.
-        meshes: list[Any] = []
-        source, module, phase, in_dispatch = self._context(meshes)
-        for m in meshes:
-            self._note_mesh(m)
-        parent = self._parent(in_dispatch)
+        if self._stack:
+            # Inside a redistribute, which has already found the user's line and noted the mesh.
+            parent = self._stack[-1]
+            base = self._open[parent]["base"]
+            source, module, phase = base["source"], base["module"], base["phase"]
+        else:
+            meshes: list[Any] = []
+            source, module, phase, in_dispatch = self._context(meshes)
+            for m in meshes:
+                self._note_mesh(m)
+            parent = self._parent(in_dispatch)
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
@@ -546,7 +668,10 @@ class Recorder(_torch.DebugMode):
                 tuple(_torch.process_group_ranks(group) if group is not None else range(self.world_size)),
             )
         nbytes = _nbytes(in_arg, ranks)
-        inputs = self._snap(in_arg, ranks, eid) if in_arg is not None else {}
+        if self._aliases and out_arg is not None:
+            self._unalias(_flatten(out_arg))  # a c10d collective writes its outputs in place
+        in_place = spec.inputs == spec.outputs
+        inputs = self._snap(in_arg, ranks, eid, alias=not in_place) if in_arg is not None else {}
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
@@ -562,10 +687,10 @@ class Recorder(_torch.DebugMode):
         shared = groups if spec.op in ("all_reduce", "all_gather", "broadcast") else ()
         outputs = self._snap(out_arg, ranks, eid, shared) if out_arg is not None else {}
         root = bound.get(spec.root) if spec.root else None
-        self._group_desc[eid] = self._desc(gkey, group)
+        desc = self._desc(gkey, group)
         if parent is not None:
             self._has_children.add(parent)
-        self._slots[eid] = CollectiveEvent(
+        event = self._slots[eid] = CollectiveEvent(
             id=eid,
             parent=parent,
             source=source,
@@ -581,12 +706,18 @@ class Recorder(_torch.DebugMode):
             nbytes=nbytes,
             params=_params(bound, spec),
         )
+        self._group_desc[id(event)] = desc
         return out
 
     # --- pieces ------------------------------------------------------------------------------
 
     def _snap(
-        self, arg: Any, ranks: Sequence[int], eid: int, groups: tuple[tuple[int, ...], ...] = ()
+        self,
+        arg: Any,
+        ranks: Sequence[int],
+        eid: int,
+        groups: tuple[tuple[int, ...], ...] = (),
+        alias: bool = True,
     ) -> dict[int, Any]:
         """Per-rank snapshots of a tensor, a one-element list (unwrapped) or a list of tensors.
 
@@ -615,7 +746,7 @@ class Recorder(_torch.DebugMode):
                 ):
                     out[r] = out[first]
                     continue
-                snaps = [self._snapshot(pt.get(r), eid) for pt in per_tensor]
+                snaps = [self._snapshot(pt.get(r), eid, alias) for pt in per_tensor]
                 out[r] = snaps if listed else snaps[0]
         return out
 
@@ -623,7 +754,7 @@ class Recorder(_torch.DebugMode):
         snaps = [_meta_snapshot(pt.get(r)) for pt in per_tensor]
         return snaps if listed else snaps[0]
 
-    def _snapshot(self, t: torch.Tensor | None, eid: int) -> TensorSnapshot:
+    def _snapshot(self, t: torch.Tensor | None, eid: int, alias: bool = False) -> TensorSnapshot:
         if t is None:
             return TensorSnapshot((), "unknown")
         shape = tuple(int(s) for s in t.shape)
@@ -632,8 +763,59 @@ class Recorder(_torch.DebugMode):
             return TensorSnapshot(shape, dtype)
         if not self.budget.take(t.numel() * t.element_size(), eid):
             return TensorSnapshot(shape, dtype)
-        values = _numpy(t)
-        return TensorSnapshot(shape, dtype, values)
+        if alias and _aliasable(t):
+            return self._alias(t, shape, dtype)
+        return TensorSnapshot(shape, dtype, _numpy(t))
+
+    # --- snapshots that alias a buffer until it may change -------------------------------------
+    #
+    # Most buffers a collective reads or writes are intermediates that die inside the redistribute
+    # that made them; copying each cost as much memory traffic as the collective itself. So a
+    # snapshot first aliases the buffer. It is copied just before an op writes that buffer (every
+    # write passes through this dispatch mode while recording), and when the recording ends if
+    # anything but the snapshot still holds the buffer. A write that bypassed dispatch (numpy,
+    # per-rank code) shows in the version counter: those values are dropped, never shown wrong.
+
+    def _alias(self, t: torch.Tensor, shape: tuple[int, ...], dtype: str) -> TensorSnapshot:
+        key = t.untyped_storage().data_ptr()
+        held = self._aliases.get(key)
+        if held is None:
+            # The tensor itself, not a detached alias: inside dispatch (below autograd) detach()
+            # would not share the version counter that tells of writes.
+            held = self._aliases[key] = _Alias(t, t._version, t.numpy(force=True))
+        elif held.tensor is not t or held.tensor._version != held.version:
+            return TensorSnapshot(shape, dtype, _numpy(t))  # another tensor over the same buffer
+        snap = TensorSnapshot(shape, dtype, held.values)
+        held.snapshots.append(snap)
+        return snap
+
+    def _unalias(self, tensors: Sequence[Any]) -> None:
+        """Copy the snapshots aliasing these tensors' buffers, which are about to be written."""
+        for x in tensors:
+            for t in _torch.plain_tensors(x):
+                if type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.numel():
+                    continue  # only plain tensors are aliased (a FakeTensor has no data)
+                held = self._aliases.pop(t.untyped_storage().data_ptr(), None)
+                if held is not None:
+                    with _torch.no_dispatch():
+                        held.settle(keep_alias=False)
+
+    def _settle_aliases(self) -> None:
+        if not self._aliases:
+            return
+        lost = 0
+        with _torch.no_dispatch():
+            for held in self._aliases.values():
+                lost += held.settle(keep_alias=_holders(held) == _alone())
+        self._aliases.clear()
+        if lost:
+            warnings.warn(
+                f"shardviz: the values of {lost} snapshot(s) were dropped: their buffer was changed "
+                "in place where shardviz could not see it (through numpy, in a compiled region, or with "
+                "dispatch modes disabled) before the recording ended. Their shapes and dtypes are kept.",
+                SimulationWarning,
+                stacklevel=3,
+            )
 
     def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
         # Kept across recordings: a group name is stable for as long as the world group lives.
@@ -650,6 +832,8 @@ class Recorder(_torch.DebugMode):
             if len(_GROUP_CACHE) > 1024:
                 _GROUP_CACHE.clear()
             _GROUP_CACHE[key] = cached
+        if len(ranks) == self.world_size:
+            return cached
         present = set(ranks)
         return tuple(g for g in cached if all(r in present for r in g))
 
@@ -675,13 +859,29 @@ class Recorder(_torch.DebugMode):
                 self._desc_cache[key] = ""
         return self._desc_cache[key]
 
-    def _mesh_dim(self, groups: tuple[tuple[int, ...], ...], desc: str) -> tuple[int | None, str | None]:
+    @staticmethod
+    def _mesh_dim(
+        groups: tuple[tuple[int, ...], ...], desc: str, own: tuple[_torch.MeshInfo, ...]
+    ) -> tuple[int | None, str | None]:
         """The mesh dim whose groups these are: meshes of this trace first, then any seen before.
 
         A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
+        Memoised until a mesh is built or freed.
         """
+        key = (groups, desc, own, _torch.mesh_generation())
+        hit = _DIM_CACHE.get(key)
+        if hit is None:
+            if len(_DIM_CACHE) > 1024:
+                _DIM_CACHE.clear()
+            hit = _DIM_CACHE[key] = Recorder._find_mesh_dim(groups, desc, own)
+        return hit
+
+    @staticmethod
+    def _find_mesh_dim(
+        groups: tuple[tuple[int, ...], ...], desc: str, own: tuple[_torch.MeshInfo, ...]
+    ) -> tuple[int | None, str | None]:
         name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
-        for shape, names, ranks in [*self._meshes.values(), *_torch.known_mesh_infos()]:
+        for shape, names, ranks in [*own, *_torch.known_mesh_infos()]:
             if len(ranks) != sum(len(g) for g in groups):
                 continue
             d = _mesh.match_dim(groups, shape, ranks)
@@ -707,20 +907,18 @@ class Recorder(_torch.DebugMode):
             renumber[slot.id] = len(kept)
             kept.append(slot)
         # Only childless redistributes are dropped, so every parent survives.
-        events = []
-        dims: dict[tuple[Any, ...], tuple[int | None, str | None]] = {}
+        # The events were made by this recorder and nothing else holds them yet: fill in their
+        # final ids and mesh dims in place (dataclasses.replace would rebuild each one).
+        own = tuple(self._meshes.values())
         for e in kept:
-            changes: dict[str, Any] = {
-                "id": renumber[e.id],
-                "parent": None if e.parent is None else renumber[e.parent],
-            }
+            object.__setattr__(e, "id", renumber[e.id])
+            if e.parent is not None:
+                object.__setattr__(e, "parent", renumber[e.parent])
             if isinstance(e, CollectiveEvent):
-                key = (e.groups, self._group_desc.get(e.id, ""))
-                if key not in dims:
-                    dims[key] = self._mesh_dim(*key)
-                changes["mesh_dim"], changes["mesh_dim_name"] = dims[key]
-            events.append(dataclasses.replace(e, **changes))
-        self.trace.events = events
+                dim, name = self._mesh_dim(e.groups, self._group_desc.get(id(e), ""), own)
+                object.__setattr__(e, "mesh_dim", dim)
+                object.__setattr__(e, "mesh_dim_name", name)
+        self.trace.events = kept
         dropped_at = self.budget.exhausted_at
         if dropped_at is not None:
             later = [renumber[i] for i in renumber if i >= dropped_at]
@@ -729,6 +927,7 @@ class Recorder(_torch.DebugMode):
 
 _warned_get_rank = False
 _GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
+_DIM_CACHE: dict[Any, tuple[int | None, str | None]] = {}
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
@@ -844,8 +1043,9 @@ def _redistribute_layouts(
     dst_pl = _torch.placements_str(dst_spec.placements if dst_spec is not None else dst)
     before = after = None
     try:
-        if src_spec is not None and src_spec.tensor_meta is not None:
+        if src_spec is not None:
             rec._note_mesh(src_spec.mesh)
+        if src_spec is not None and src_spec.tensor_meta is not None:
             shape, names, ranks = _torch.mesh_info(src_spec.mesh)
             gshape = tuple(int(s) for s in src_spec.tensor_meta.shape)
             dtype = _torch.dtype_name(src_spec.tensor_meta.dtype)
@@ -964,7 +1164,16 @@ def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
 def _meta_snapshot(t: torch.Tensor | None) -> TensorSnapshot:
     if t is None:
         return _shared_snapshot((), "unknown")
-    return _shared_snapshot(tuple(int(d) for d in t.shape), _torch.dtype_name(t.dtype))
+    key = (t.shape, t.dtype)
+    hit = _META.get(key)
+    if hit is None:
+        if len(_META) > 4096:
+            _META.clear()
+        hit = _META[key] = _shared_snapshot(tuple(int(d) for d in t.shape), _torch.dtype_name(t.dtype))
+    return hit
+
+
+_META: dict[tuple[torch.Size, torch.dtype], TensorSnapshot] = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -988,15 +1197,30 @@ def _lift(x: Any, ranks: Sequence[int]) -> Any:
 
 
 def _same_buffers(a: list[Any], b: list[Any]) -> bool:
-    return all(
+    return all(_same_bits(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _same_bits(x: Any, y: Any) -> bool:
+    """Whether two tensors hold the same bytes: a snapshot of one stands for the other.
+
+    Compared as integer words in numpy, three times faster than ``torch.equal`` on CPU; and
+    bitwise, so NaNs match themselves and -0.0 is told apart from 0.0, as a snapshot should.
+    """
+    if not (
         isinstance(x, torch.Tensor)
         and isinstance(y, torch.Tensor)
         and x.shape == y.shape
         and x.dtype == y.dtype
-        and x.device.type != "meta"
-        and torch.equal(x, y)
-        for x, y in zip(a, b, strict=True)
-    )
+        and x.device.type == y.device.type != "meta"
+    ):
+        return False
+    word = _WORDS.get(x.element_size())
+    if x.device.type != "cpu" or word is None or x.is_conj() or y.is_conj() or x.is_neg() or y.is_neg():
+        return bool(torch.equal(x, y))
+    return bool(np.array_equal(x.detach().view(word).numpy(), y.detach().view(word).numpy()))
+
+
+_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _flatten(x: Any) -> list[Any]:
