@@ -19,7 +19,7 @@ import sys
 import tokenize
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -282,16 +282,48 @@ class ValueBudget:
 def _numpy(t: torch.Tensor) -> np.ndarray:
     """A private copy of ``t``'s values as numpy (widened where numpy lacks the dtype).
 
-    torch makes the copy: its allocator hands back freed pages, where a fresh numpy buffer of a
-    large snapshot is faulted in page by page on first write (six times slower here at 1 MiB).
+    A small buffer is copied by numpy, with no torch op to dispatch. A large one is copied by
+    torch: its allocator hands back freed pages, where a fresh numpy buffer of a large snapshot is
+    faulted in page by page on first write (six times slower here at 1 MiB).
     """
-    t = t.detach().resolve_conj().resolve_neg()
-    widened = _NUMPY_WIDER.get(t.dtype)
-    if widened is None and t.dtype.is_floating_point and t.element_size() == 1:
-        widened = torch.float32  # the float8 variants
-    if t.device.type != "cpu" or widened is not None:
-        return t.to("cpu", widened or t.dtype).contiguous().numpy()  # already a new tensor
-    return t.clone(memory_format=torch.contiguous_format).numpy()
+    with _quiet((t,)):
+        if _readable(t) and t.numel() * t.element_size() <= _SMALL:
+            return t.numpy().copy()
+        t = t.detach().resolve_conj().resolve_neg()
+        widened = _NUMPY_WIDER.get(t.dtype)
+        if widened is None and t.dtype.is_floating_point and t.element_size() == 1:
+            widened = torch.float32  # the float8 variants
+        if t.device.type != "cpu" or widened is not None:
+            return t.to("cpu", widened or t.dtype).contiguous().numpy()  # already a new tensor
+        return t.clone(memory_format=torch.contiguous_format).numpy()
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether numpy can view ``t`` as it is: no torch op (and no dispatch) needed to read it."""
+    return (
+        type(t) in _PLAIN
+        and t.device.type == "cpu"
+        and not t.requires_grad
+        and t.dtype not in _NUMPY_WIDER
+        and not (t.dtype.is_floating_point and t.element_size() == 1)
+        and not (t.is_conj() or t.is_neg())
+    )
+
+
+def _view(t: torch.Tensor) -> np.ndarray:
+    """``t``'s values as numpy, sharing its memory."""
+    with _torch.plain_ops():
+        return t.detach().numpy() if t.requires_grad else t.numpy()
+
+
+def _quiet(tensors: Iterable[Any]) -> Any:
+    """Where ops on these tensors run to their kernels, unseen by any dispatch mode: a cheap C++
+    guard for plain tensors; for a subclass (a FakeTensor), modes off and its own handler kept."""
+    return _torch.plain_ops() if all(type(t) in _PLAIN for t in tensors) else _torch.no_dispatch()
+
+
+_SMALL = 64 * 1024
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 _NUMPY_WIDER = {
@@ -331,7 +363,7 @@ class _Alias:
 def _aliasable(t: torch.Tensor) -> bool:
     """A plain CPU tensor that is its whole buffer, in a dtype numpy reads as is."""
     return (
-        type(t) in (torch.Tensor, torch.nn.Parameter)
+        type(t) in _PLAIN
         and t.device.type == "cpu"
         and t.dtype not in _NUMPY_WIDER
         and not (t.dtype.is_floating_point and t.element_size() == 1)
@@ -355,7 +387,7 @@ def _alone() -> tuple[int, int, int]:
     """``_holders`` of a buffer that nothing but its _Alias holds."""
     with _torch.no_dispatch():
         t = torch.empty(1)
-        held = _Alias(t, t._version, t.numpy(force=True))
+        held = _Alias(t, t._version, _view(t))
         del t
         return _holders(held)
 
@@ -647,16 +679,22 @@ class Recorder(_torch.DebugMode):
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
-        tensors = [t for t in _flatten((in_arg, out_arg)) if isinstance(t, torch.Tensor)]
+        in_flat = [t for t in _flatten(in_arg) if isinstance(t, torch.Tensor)]
+        tensors = in_flat + [t for t in _flatten(out_arg) if isinstance(t, torch.Tensor)]
         group = bound.get(spec.group)
         gkey = _torch.process_group_key(group) if group is not None else "WORLD"
         if self.rank is None:
-            plain = tensors and not any(_torch.is_local_tensor(t) for t in tensors)
-            if plain and not _plain_is_fine(spec, bound):
+            local = [t for t in tensors if _torch.is_local_tensor(t)]
+            if tensors and not local and not _plain_is_fine(spec, bound):
                 self._slots.pop()
                 raise _plain_tensor_error(spec.op, impl)
-            ranks = _present_ranks(tensors, self.world_size)
-            if spec.inputs and spec.inputs != spec.outputs and _has_plain(in_arg):
+            ranks = sorted(_torch.local_tensors(local[0])) if local else list(range(self.world_size))
+            if (
+                spec.inputs
+                and spec.inputs != spec.outputs
+                and len(local) < len(tensors)
+                and _has_plain(in_arg)
+            ):
                 # Read-only inputs made outside the simulation (a scatter list built from a plain
                 # tensor, say) hold the same value on every rank: give the collective that.
                 in_arg = bound[spec.inputs] = _lift(in_arg, ranks)
@@ -667,7 +705,7 @@ class Recorder(_torch.DebugMode):
             groups = (
                 tuple(_torch.process_group_ranks(group) if group is not None else range(self.world_size)),
             )
-        nbytes = _nbytes(in_arg, ranks)
+        nbytes = _nbytes(in_flat, ranks)
         if self._aliases and out_arg is not None:
             self._unalias(_flatten(out_arg))  # a c10d collective writes its outputs in place
         in_place = spec.inputs == spec.outputs
@@ -735,19 +773,30 @@ class Recorder(_torch.DebugMode):
                 self.budget.exhausted_at = eid
             return {r: self._metadata(per_tensor, r, listed) for r in ranks}
         leader = {r: g[0] for g in groups for r in g}
+        with _quiet(t for pt in per_tensor for t in pt.values()):
+            return self._snap_values(per_tensor, ranks, eid, leader, listed, alias)
+
+    def _snap_values(
+        self,
+        per_tensor: list[dict[int, torch.Tensor]],
+        ranks: Sequence[int],
+        eid: int,
+        leader: dict[int, int],
+        listed: bool,
+        alias: bool,
+    ) -> dict[int, Any]:
         out: dict[int, Any] = {}
-        with _torch.no_dispatch():
-            for r in ranks:
-                first = leader.get(r, r)
-                if (
-                    first != r
-                    and first in out
-                    and _same_buffers([pt.get(r) for pt in per_tensor], [pt.get(first) for pt in per_tensor])
-                ):
-                    out[r] = out[first]
-                    continue
-                snaps = [self._snapshot(pt.get(r), eid, alias) for pt in per_tensor]
-                out[r] = snaps if listed else snaps[0]
+        for r in ranks:
+            first = leader.get(r, r)
+            if (
+                first != r
+                and first in out
+                and _same_buffers([pt.get(r) for pt in per_tensor], [pt.get(first) for pt in per_tensor])
+            ):
+                out[r] = out[first]
+                continue
+            snaps = [self._snapshot(pt.get(r), eid, alias) for pt in per_tensor]
+            out[r] = snaps if listed else snaps[0]
         return out
 
     def _metadata(self, per_tensor: list[dict[int, torch.Tensor]], r: int, listed: bool) -> Any:
@@ -761,9 +810,11 @@ class Recorder(_torch.DebugMode):
         dtype = _torch.dtype_name(t.dtype)
         if t.device.type == "meta":
             return TensorSnapshot(shape, dtype)
-        if not self.budget.take(t.numel() * t.element_size(), eid):
+        nbytes = t.numel() * t.element_size()
+        if not self.budget.take(nbytes, eid):
             return TensorSnapshot(shape, dtype)
-        if alias and _aliasable(t):
+        # A small buffer costs less to copy than to keep track of.
+        if alias and nbytes > _SMALL and _aliasable(t):
             return self._alias(t, shape, dtype)
         return TensorSnapshot(shape, dtype, _numpy(t))
 
@@ -782,7 +833,7 @@ class Recorder(_torch.DebugMode):
         if held is None:
             # The tensor itself, not a detached alias: inside dispatch (below autograd) detach()
             # would not share the version counter that tells of writes.
-            held = self._aliases[key] = _Alias(t, t._version, t.numpy(force=True))
+            held = self._aliases[key] = _Alias(t, t._version, _view(t))
         elif held.tensor is not t or held.tensor._version != held.version:
             return TensorSnapshot(shape, dtype, _numpy(t))  # another tensor over the same buffer
         snap = TensorSnapshot(shape, dtype, held.values)
@@ -797,14 +848,13 @@ class Recorder(_torch.DebugMode):
                     continue  # only plain tensors are aliased (a FakeTensor has no data)
                 held = self._aliases.pop(t.untyped_storage().data_ptr(), None)
                 if held is not None:
-                    with _torch.no_dispatch():
-                        held.settle(keep_alias=False)
+                    held.settle(keep_alias=False)
 
     def _settle_aliases(self) -> None:
         if not self._aliases:
             return
         lost = 0
-        with _torch.no_dispatch():
+        with _torch.plain_ops():
             for held in self._aliases.values():
                 lost += held.settle(keep_alias=_holders(held) == _alone())
         self._aliases.clear()
@@ -1039,12 +1089,22 @@ def _redistribute_layouts(
     """Layouts before and after, from the DTensor specs in DTensor's own frame or arguments."""
     src_spec = src if hasattr(src, "placements") else caller.f_locals.get("current_spec")
     dst_spec = dst if hasattr(dst, "placements") else caller.f_locals.get("target_spec")
+    if src_spec is not None:
+        rec._note_mesh(src_spec.mesh)
+    # A spec is immutable: the same DTensor redistributed again (a loop, a training step) gives
+    # the same layouts.
+    key = (
+        id(src_spec),
+        id(dst_spec.mesh) if dst_spec is not None else None,
+        tuple(dst_spec.placements if dst_spec is not None else dst),
+    )
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is src_spec and src_spec is not None:
+        return hit[1]
     src_pl = _torch.placements_str(src_spec.placements if src_spec is not None else src)
     dst_pl = _torch.placements_str(dst_spec.placements if dst_spec is not None else dst)
     before = after = None
     try:
-        if src_spec is not None:
-            rec._note_mesh(src_spec.mesh)
         if src_spec is not None and src_spec.tensor_meta is not None:
             shape, names, ranks = _torch.mesh_info(src_spec.mesh)
             gshape = tuple(int(s) for s in src_spec.tensor_meta.shape)
@@ -1053,7 +1113,17 @@ def _redistribute_layouts(
             after = compute_layout(gshape, shape, dst_pl, names, dtype=dtype, mesh_ranks=ranks)
     except Exception:
         before = after = None
-    return before, after, src_pl, dst_pl
+    result = (before, after, src_pl, dst_pl)
+    if src_spec is not None:
+        if len(_LAYOUTS) > 256:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = (src_spec, result)  # holds the spec, so that its id is not reused
+    return result
+
+
+_LAYOUTS: dict[
+    tuple[Any, ...], tuple[Any, tuple[Layout | None, Layout | None, tuple[str, ...], tuple[str, ...]]]
+] = {}
 
 
 def _emulate_gather(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
@@ -1215,12 +1285,17 @@ def _same_bits(x: Any, y: Any) -> bool:
     ):
         return False
     word = _WORDS.get(x.element_size())
-    if x.device.type != "cpu" or word is None or x.is_conj() or y.is_conj() or x.is_neg() or y.is_neg():
+    with _quiet((x, y)):
+        if word is not None and _readable(x) and _readable(y):
+            return bool(np.array_equal(x.numpy().view(word), y.numpy().view(word)))
+        if word is not None and not (x.is_conj() or y.is_conj() or x.is_neg() or y.is_neg()):
+            tw = _TORCH_WORDS[word]  # a GPU buffer, or one numpy cannot read as it is
+            return bool(torch.equal(x.detach().view(tw), y.detach().view(tw)))
         return bool(torch.equal(x, y))
-    return bool(np.array_equal(x.detach().view(word).numpy(), y.detach().view(word).numpy()))
 
 
-_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_WORDS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_WORDS = {np.uint8: torch.uint8, np.int16: torch.int16, np.int32: torch.int32, np.int64: torch.int64}
 
 
 def _flatten(x: Any) -> list[Any]:
@@ -1254,12 +1329,11 @@ def _present_ranks(tensors: Sequence[torch.Tensor], world_size: int) -> list[int
     return list(range(world_size))
 
 
-def _nbytes(arg: Any, ranks: Sequence[int]) -> dict[int, int]:
+def _nbytes(tensors: Sequence[torch.Tensor], ranks: Sequence[int]) -> dict[int, int]:
     out = dict.fromkeys(ranks, 0)
-    for t in _flatten(arg):
-        if isinstance(t, torch.Tensor):
-            for r, lt in _per_rank(t, ranks).items():
-                out[r] = out.get(r, 0) + int(lt.numel()) * lt.element_size()
+    for t in tensors:
+        for r, lt in _per_rank(t, ranks).items():
+            out[r] = out.get(r, 0) + lt.numel() * lt.element_size()
     return out
 
 

@@ -1,8 +1,8 @@
 """Snapshot values stay what the buffer held at that moment, whatever the program does next.
 
-Snapshots alias a collective's buffers instead of copying them, and are copied only when the
-buffer may change: these tests write to every kind of buffer afterwards, in and after the
-recording, and compare with values computed by plain torch.
+Snapshots of large buffers alias them instead of copying, and are copied only when the buffer may
+change; small ones are copied at once. These tests run with both sizes, write to every kind of
+buffer afterwards, in and after the recording, and compare with values written out by hand.
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ from shardviz.errors import SimulationWarning
 WORLD = 4
 
 
+# Elements per row: 4 floats are copied at once; 20,000 floats (80 KB) are past the size above
+# which a snapshot aliases its buffer.
+SIZES = [4, 20_000]
+
+
+@pytest.fixture(params=SIZES, ids=["copied", "aliased"])
+def n(request):
+    return request.param
+
+
 @pytest.fixture
 def mesh():
     sv.use("local", world_size=WORLD)
@@ -30,78 +40,91 @@ def mesh():
         return init_device_mesh("cpu", (WORLD,))
 
 
-def full() -> torch.Tensor:
-    return torch.arange(32, dtype=torch.float32).reshape(8, 4)
+def full(n: int) -> torch.Tensor:
+    return torch.arange(8 * n, dtype=torch.float32).reshape(8, n)
 
 
-def test_output_written_in_place_later_in_the_recording(mesh):
+def same(values, fill: float) -> bool:
+    return values is not None and bool(np.all(values == fill))
+
+
+def test_output_written_in_place_later_in_the_recording(mesh, n):
     with sv.record() as trace:
-        dt = distribute_tensor(full(), mesh, [Shard(0)], src_data_rank=None)
+        dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
         out = dt.redistribute(mesh, [Replicate()])
         out.add_(100)  # a DTensor op writing the all_gather's output buffers
         local = out.to_local()
         local.mul_(-1)  # and a write on the local shards
     gather = next(c for c in trace.collectives() if c.op == "all_gather")
     for r in range(WORLD):
-        np.testing.assert_array_equal(gather.outputs[r].values, full().numpy())
-        np.testing.assert_array_equal(gather.inputs[r].values, full()[2 * r : 2 * r + 2].numpy())
-    np.testing.assert_array_equal(out.to_local().reconcile().numpy(), -(full() + 100).numpy())
+        np.testing.assert_array_equal(gather.outputs[r].values, full(n).numpy())
+        np.testing.assert_array_equal(gather.inputs[r].values, full(n)[2 * r : 2 * r + 2].numpy())
+    np.testing.assert_array_equal(out.to_local().reconcile().numpy(), -(full(n) + 100).numpy())
 
 
-def test_output_written_after_the_recording(mesh):
+def test_output_written_after_the_recording(mesh, n):
     with sv.record() as trace:
-        dt = distribute_tensor(full(), mesh, [Shard(0)], src_data_rank=None)
+        dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
         out = dt.redistribute(mesh, [Replicate()])
     with sv.backends.current().simulate():
         out.zero_()
         dt.fill_(7)
     (gather,) = [c for c in trace.collectives() if c.op == "all_gather"]
-    np.testing.assert_array_equal(gather.outputs[0].values, full().numpy())
-    np.testing.assert_array_equal(gather.inputs[3].values, full()[6:8].numpy())
+    np.testing.assert_array_equal(gather.outputs[0].values, full(n).numpy())
+    np.testing.assert_array_equal(gather.inputs[3].values, full(n)[6:8].numpy())
 
 
-def test_the_same_buffer_reduced_twice_in_place(mesh):
+def test_the_same_buffer_reduced_twice_in_place(mesh, n):
     with sv.record() as trace:
-        t = sv.per_rank(lambda r: torch.full((3,), float(r + 1)))
+        t = sv.per_rank(lambda r: torch.full((n,), float(r + 1)))
         dist.all_reduce(t)
         dist.all_reduce(t)
         t.sub_(1)
     first, second = trace.collectives()
     total = sum(range(1, WORLD + 1))
-    assert first.inputs[2].values.tolist() == [3.0] * 3
-    assert first.outputs[2].values.tolist() == [total] * 3
-    assert second.inputs[2].values.tolist() == [total] * 3
-    assert second.outputs[2].values.tolist() == [total * WORLD] * 3
+    assert same(first.inputs[2].values, 3.0)
+    assert same(first.outputs[2].values, total)
+    assert same(second.inputs[2].values, total)
+    assert same(second.outputs[2].values, total * WORLD)
 
 
-def test_a_gather_list_reused_for_two_all_gathers(mesh):
+def test_a_gather_list_reused_for_two_all_gathers(mesh, n):
     with sv.record() as trace:
-        bufs = [sv.per_rank(lambda r: torch.zeros(2)) for _ in range(WORLD)]
-        dist.all_gather(bufs, sv.per_rank(lambda r: torch.full((2,), float(r))))
-        dist.all_gather(bufs, sv.per_rank(lambda r: torch.full((2,), 10.0 + r)))
+        bufs = [sv.per_rank(lambda r: torch.zeros(n)) for _ in range(WORLD)]
+        dist.all_gather(bufs, sv.per_rank(lambda r: torch.full((n,), float(r))))
+        dist.all_gather(bufs, sv.per_rank(lambda r: torch.full((n,), 10.0 + r)))
     first, second = trace.collectives()
-    assert [s.values.tolist() for s in first.outputs[1]] == [[float(i)] * 2 for i in range(WORLD)]
-    assert [s.values.tolist() for s in second.outputs[1]] == [[10.0 + i] * 2 for i in range(WORLD)]
+    assert all(same(s.values, float(i)) for i, s in enumerate(first.outputs[1]))
+    assert all(same(s.values, 10.0 + i) for i, s in enumerate(second.outputs[1]))
 
 
-def test_a_write_the_recorder_cannot_see_drops_values_rather_than_show_wrong_ones(mesh):
-    with pytest.warns(SimulationWarning, match=r"values of \d+ snapshot"), sv.record() as trace:
-        t = sv.per_rank(lambda r: torch.full((3,), float(r)))
+def test_a_write_the_recorder_cannot_see_never_shows_wrong_values(mesh, n):
+    aliased = n == SIZES[-1]
+    with warnings.catch_warnings(record=True) as caught, sv.record() as trace:
+        warnings.simplefilter("always")
+        t = sv.per_rank(lambda r: torch.full((n,), float(r)))
         dist.all_reduce(t)
         with _torch.no_dispatch():  # per-rank code of the simulation runs like this: unseen
             for x in _torch.local_tensors(t).values():
                 x.fill_(-1.0)
     (c,) = trace.collectives()
+    dropped = [w for w in caught if issubclass(w.category, SimulationWarning)]
+    total = float(sum(range(WORLD)))
     for r in range(WORLD):
-        assert c.outputs[r].values is None and c.outputs[r].shape == (3,)  # dropped, not -1.0
-        assert c.inputs[r].values.tolist() == [float(r)] * 3
+        assert c.outputs[r].shape == (n,)
+        if aliased:  # the buffer was written under the alias: its values are dropped, not -1.0
+            assert c.outputs[r].values is None
+        else:  # copied at once, before the write
+            assert same(c.outputs[r].values, total)
+        assert same(c.inputs[r].values, float(r))  # an in-place op's input is always copied
+    assert len(dropped) == aliased and (not aliased or "values of 1 snapshot" in str(dropped[0].message))
 
 
-def test_buffers_the_user_still_holds_are_copied_when_the_recording_ends(mesh):
+def test_buffers_the_user_still_holds_are_copied_when_the_recording_ends(mesh, n):
     with sv.record() as trace:
-        t = sv.per_rank(lambda r: torch.full((2,), float(r)))
+        t = sv.per_rank(lambda r: torch.full((n,), float(r)))
         dist.all_reduce(t)
-        scratch = sv.per_rank(lambda r: torch.full((2,), float(r)))
+        scratch = sv.per_rank(lambda r: torch.full((n,), float(r)))
         dist.all_reduce(scratch)
         del scratch
     held, dropped = trace.collectives()
@@ -110,8 +133,8 @@ def test_buffers_the_user_still_holds_are_copied_when_the_recording_ends(mesh):
     with sv.backends.current().simulate():
         t.fill_(-5.0)
     total = float(sum(range(WORLD)))
-    assert held.outputs[0].values.tolist() == [total, total]
-    assert dropped.outputs[0].values.tolist() == [total, total]
+    assert same(held.outputs[0].values, total)
+    assert same(dropped.outputs[0].values, total)
 
 
 def test_identical_bits_share_a_snapshot_nan_included_and_signed_zeros_do_not(mesh):
@@ -129,25 +152,25 @@ def test_identical_bits_share_a_snapshot_nan_included_and_signed_zeros_do_not(me
     assert gather.inputs[0] is not gather.inputs[1]
 
 
-def test_no_warning_when_nothing_is_written_behind_the_recorders_back(mesh):
+def test_no_warning_when_nothing_is_written_behind_the_recorders_back(mesh, n):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SimulationWarning)
         with sv.record():
-            dt = distribute_tensor(full(), mesh, [Shard(0)], src_data_rank=None)
+            dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
             dt.redistribute(mesh, [Replicate()]).add_(1)
 
 
-def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh):
-    x = sv.per_rank(lambda r: torch.full((3,), float(r + 1))).requires_grad_()
+def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
+    x = sv.per_rank(lambda r: torch.full((n,), float(r + 1))).requires_grad_()
     with sv.record() as trace:
         (x * 2).sum().backward()
         dist.all_reduce(x.grad)
     with sv.backends.current().simulate():
         (x * 3).sum().backward()  # accumulates into x.grad in place
     (c,) = trace.collectives()
-    assert c.inputs[1].values.tolist() == [2.0] * 3
-    assert c.outputs[1].values.tolist() == [2.0 * WORLD] * 3
-    assert _torch.local_tensors(x.grad)[1].tolist() == [2.0 * WORLD + 3] * 3
+    assert same(c.inputs[1].values, 2.0)
+    assert same(c.outputs[1].values, 2.0 * WORLD)
+    assert same(_torch.local_tensors(x.grad)[1].numpy(), 2.0 * WORLD + 3)
 
 
 def test_a_tensor_held_only_by_a_grad_slot_counts_as_reached():
