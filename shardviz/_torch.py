@@ -457,11 +457,12 @@ _watch_originals: dict[str, Any] = {}
 
 
 def _install_watch() -> None:
-    from torch.distributed.tensor._redistribute import DTensorRedistributePlanner as planner
-
     if not _watch_originals:
-        _make_watch_wrappers(planner)
+        from torch.distributed.tensor._redistribute import DTensorRedistributePlanner
+
+        _make_watch_wrappers(DTensorRedistributePlanner)
     w = _watch_originals
+    planner = w["planner"]
     DTensor.to_local = w["to_local_wrapper"]  # type: ignore[method-assign]
     DTensor.from_local = staticmethod(w["from_local_wrapper"])  # type: ignore[method-assign,assignment]
     dist.get_rank = w["get_rank_wrapper"]
@@ -469,9 +470,8 @@ def _install_watch() -> None:
 
 
 def _uninstall_watch() -> None:
-    from torch.distributed.tensor._redistribute import DTensorRedistributePlanner as planner
-
     w = _watch_originals
+    planner = w["planner"]
     DTensor.to_local = w["to_local"]  # type: ignore[method-assign]
     DTensor.from_local = w["from_local"]  # type: ignore[method-assign]
     dist.get_rank = w["get_rank"]
@@ -539,6 +539,7 @@ def _make_watch_wrappers(planner: Any) -> None:
         return hit
 
     _watch_originals.update(
+        planner=planner,
         to_local=orig_to_local,
         from_local=orig_from_local,
         get_rank=orig_get_rank,
