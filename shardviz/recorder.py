@@ -356,7 +356,9 @@ class _Alias:
         if not keep_alias:
             values = _numpy(self.tensor)
             for snap in self.snapshots:
-                object.__setattr__(snap, "values", values)
+                object.__setattr__(
+                    snap, "values", values if values.shape == snap.shape else values.reshape(snap.shape)
+                )
         return 0
 
 
@@ -828,15 +830,24 @@ class Recorder(_torch.DebugMode):
     # per-rank code) shows in the version counter: those values are dropped, never shown wrong.
 
     def _alias(self, t: torch.Tensor, shape: tuple[int, ...], dtype: str) -> TensorSnapshot:
-        key = t.untyped_storage().data_ptr()
+        owner = t
+        base = t._base
+        if base is not None:
+            # A view of a whole buffer (a reshape): alias the tensor it views, which shares its
+            # version counter, so that the buffer counts as free once the view is gone.
+            if not (_aliasable(base) and base.dtype == t.dtype):
+                return TensorSnapshot(shape, dtype, _numpy(t))
+            owner = base
+        key = owner.untyped_storage().data_ptr()
         held = self._aliases.get(key)
         if held is None:
             # The tensor itself, not a detached alias: inside dispatch (below autograd) detach()
             # would not share the version counter that tells of writes.
-            held = self._aliases[key] = _Alias(t, t._version, _view(t))
-        elif held.tensor is not t or held.tensor._version != held.version:
+            held = self._aliases[key] = _Alias(owner, owner._version, _view(owner))
+        elif held.tensor is not owner or held.tensor._version != held.version:
             return TensorSnapshot(shape, dtype, _numpy(t))  # another tensor over the same buffer
-        snap = TensorSnapshot(shape, dtype, held.values)
+        values = held.values if held.values.shape == shape else held.values.reshape(shape)
+        snap = TensorSnapshot(shape, dtype, values)
         held.snapshots.append(snap)
         return snap
 

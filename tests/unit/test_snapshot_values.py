@@ -184,3 +184,18 @@ def test_a_tensor_held_only_by_a_grad_slot_counts_as_reached():
     held = _Alias(free, 0, free.numpy(force=True))
     del free
     assert _holders(held) == _alone()
+
+
+def test_a_view_of_a_buffer_written_through_its_base(mesh, n):
+    total = float(sum(range(WORLD)))
+    with sv.record() as trace:
+        base = sv.per_rank(lambda r: torch.full((2, n), float(r)))
+        dist.all_reduce(base.view(-1))
+        base.add_(1)  # through the base, in the recording
+        dist.all_reduce(base.view(-1))
+    with sv.backends.current().simulate():
+        base.fill_(-1)  # and after it
+    first, second = trace.collectives()
+    assert first.outputs[0].shape == (2 * n,) and same(first.outputs[0].values, total)
+    assert same(second.inputs[2].values, total + 1)
+    assert same(second.outputs[0].values, (total + 1) * WORLD)
