@@ -49,7 +49,7 @@ def interleaved(
     context that runs after another inherit its caches and allocator state. The clock covers
     entering and leaving the context too (a recording is finished on leaving), and ``body``'s
     result is held until after, as a notebook cell's variable would be. Garbage is collected
-    between runs, off the clock.
+    between rounds, off the clock (collecting after every run would leave every run cache-cold).
     """
     times: dict[str, list[float]] = {k: [] for k in cases}
     for ctx in cases.values():  # warm up
@@ -59,13 +59,13 @@ def interleaved(
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         shuffle(order)
+        gc.collect()  # off the clock: no context pays for the garbage cycles of earlier rounds
         for k, ctx in order:
             t = time.perf_counter()
             with ctx():
                 result = body()
             times[k].append(time.perf_counter() - t)
             del result
-            gc.collect()  # off the clock: no context pays for garbage cycles another one left
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -260,7 +260,7 @@ def bench_memory() -> list[Row]:
             y = model(x)
         del y
         gc.collect()
-        held = tracemalloc.get_traced_memory()[0]
+        held = tracemalloc.get_traced_memory()[0] + _torch_held_values(trace)
         tracemalloc.stop()
         n = len(trace.events)
         values = sum(
@@ -281,6 +281,30 @@ def bench_memory() -> list[Row]:
         )
         del trace
     return rows
+
+
+def _torch_held_values(trace: sv.Trace) -> int:
+    """Bytes of snapshot values in memory torch allocated (large copies, aliased buffers), which
+    tracemalloc does not see; each buffer counted once."""
+    import numpy as np
+
+    seen: set[int] = set()
+    total = 0
+    for event in trace.events:
+        for side in (getattr(event, "inputs", {}), getattr(event, "outputs", {})):
+            for v in side.values():
+                for snap in v if isinstance(v, list) else [v]:
+                    a = snap.values
+                    if a is None:
+                        continue
+                    root = a
+                    while isinstance(root, np.ndarray) and root.base is not None:
+                        root = root.base
+                    ptr = a.__array_interface__["data"][0]
+                    if isinstance(root, torch.Tensor) and ptr not in seen:
+                        seen.add(ptr)
+                        total += a.nbytes
+    return total
 
 
 TRIVIAL_ESM = """
