@@ -395,16 +395,21 @@ def _alone() -> tuple[int, int, int]:
         return _holders(held)
 
 
-def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
-    """The (position, name) of each argument an op writes, from its schema."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return ()
-    return tuple(
-        (i, a.name)
-        for i, a in enumerate(schema.arguments)
-        if a.alias_info is not None and a.alias_info.is_write
-    )
+def _written(func: Any) -> tuple[tuple[int, str], ...]:
+    """The (position, name) of each argument an op writes, from its schema; memoised per op."""
+    hit = _WRITTEN.get(func)
+    if hit is None:
+        schema = getattr(func, "_schema", None)
+        hit = _WRITTEN[func] = (
+            ()
+            if schema is None
+            else tuple(
+                (i, a.name)
+                for i, a in enumerate(schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            )
+        )
+    return hit
 
 
 def _pick(written: tuple[tuple[int, str], ...], args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
@@ -539,7 +544,8 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         source, module, phase, _ = self._context()
         ranks = [self.rank] if self.rank is not None else _present_ranks(inputs, self.world_size)
-        snaps_in = self._snap(inputs, ranks, eid, alias=not _WRITTEN.get(func)) if inputs else {}
+        # An input the op writes is copied now: an alias would show it after the write.
+        snaps_in = self._snap(inputs, ranks, eid, alias=not _written(func)) if inputs else {}
         out = func(*args, **kwargs)
         self._track(out)
         self._slots[eid] = LocalEvent(
@@ -597,9 +603,7 @@ class Recorder(_torch.DebugMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self._aliases:
-            written = _WRITTEN.get(func)
-            if written is None:
-                written = _WRITTEN[func] = _written_args(func)
+            written = _written(func)
             if written:
                 self._unalias(_pick(written, args, kwargs or {}))
         entry = _COLLECTIVES.get(func)

@@ -199,3 +199,15 @@ def test_a_view_of_a_buffer_written_through_its_base(mesh, n):
     assert first.outputs[0].shape == (2 * n,) and same(first.outputs[0].values, total)
     assert same(second.inputs[2].values, total + 1)
     assert same(second.outputs[0].values, (total + 1) * WORLD)
+
+
+def test_an_in_place_op_on_local_shards_keeps_its_input(mesh, n):
+    with sv.record() as trace:
+        dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
+        loc = dt.to_local()
+        loc.mul_(2)  # the first op the recorder sees after the collectives: a write of its input
+    (mul,) = [e for e in trace.locals() if "mul" in e.name]
+    for r in range(WORLD):
+        rows = full(n)[2 * r : 2 * r + 2].numpy()
+        np.testing.assert_array_equal(mul.inputs[r].values, rows)
+        np.testing.assert_array_equal(mul.outputs[r].values, rows * 2)
