@@ -158,10 +158,7 @@ def _user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tup
     """
     in_dispatch = False
     while frame is not None:
-        code = frame.f_code
-        kind = _CODE_KINDS.get(code)
-        if kind is None:
-            kind = _code_kind(code)
+        kind = _code_kind(frame.f_code)
         if kind == _USER:
             return frame, in_dispatch
         if kind & _DISPATCH:
@@ -179,9 +176,9 @@ def _user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tup
 
 # What a frame's code is, memoised per code object: a frame walk runs for every event.
 _USER, _LIBRARY, _DISPATCH, _MESH = 0, 1, 2, 4
-_CODE_KINDS: dict[Any, int] = {}
 
 
+@functools.lru_cache(maxsize=65536)
 def _code_kind(code: Any) -> int:
     fn = code.co_filename
     if fn.startswith(_TORCH_DIR):
@@ -194,9 +191,6 @@ def _code_kind(code: Any) -> int:
         kind = _LIBRARY
     else:
         kind = _USER
-    if len(_CODE_KINDS) > 65536:
-        _CODE_KINDS.clear()
-    _CODE_KINDS[code] = kind
     return kind
 
 
@@ -299,16 +293,20 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
         return t.clone(memory_format=torch.contiguous_format).numpy()
 
 
-def _readable(t: torch.Tensor) -> bool:
-    """Whether numpy can view ``t`` as it is: no torch op (and no dispatch) needed to read it."""
+def _numpy_native(t: torch.Tensor) -> bool:
+    """A plain CPU tensor whose bytes numpy reads as they are (dtype, no conj or neg bit)."""
     return (
         type(t) in _PLAIN
         and t.device.type == "cpu"
-        and not t.requires_grad
         and t.dtype not in _NUMPY_WIDER
         and not (t.dtype.is_floating_point and t.element_size() == 1)
         and not (t.is_conj() or t.is_neg())
     )
+
+
+def _readable(t: torch.Tensor) -> bool:
+    """Whether numpy can view ``t`` as it is: no torch op (and no dispatch) needed to read it."""
+    return _numpy_native(t) and not t.requires_grad
 
 
 def _view(t: torch.Tensor) -> np.ndarray:
@@ -357,24 +355,24 @@ class _Alias:
         if not keep_alias:
             values = _numpy(self.tensor)
             for snap in self.snapshots:
-                object.__setattr__(
-                    snap, "values", values if values.shape == snap.shape else values.reshape(snap.shape)
-                )
+                object.__setattr__(snap, "values", _shaped(values, snap.shape))
         return 0
 
 
+def _shaped(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` seen in a view's shape; the same array when it already has it, so that the
+    snapshots of one buffer share one array (a trace file stores it once)."""
+    return values if values.shape == shape else values.reshape(shape)
+
+
 def _aliasable(t: torch.Tensor) -> bool:
-    """A plain CPU tensor that is its whole buffer, in a dtype numpy reads as is."""
+    """A tensor numpy reads as it is that is its whole buffer."""
     return (
-        type(t) in _PLAIN
-        and t.device.type == "cpu"
-        and t.dtype not in _NUMPY_WIDER
-        and not (t.dtype.is_floating_point and t.element_size() == 1)
+        _numpy_native(t)
         and t.numel() > 0
         and t.storage_offset() == 0
         and t.is_contiguous()
         and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-        and not (t.is_conj() or t.is_neg())
     )
 
 
@@ -695,7 +693,7 @@ class Recorder(_torch.DebugMode):
             if tensors and not local and not _plain_is_fine(spec, bound):
                 self._slots.pop()
                 raise _plain_tensor_error(spec.op, impl)
-            ranks = sorted(_torch.local_tensors(local[0])) if local else list(range(self.world_size))
+            ranks = _present_ranks(local, self.world_size)
             if (
                 spec.inputs
                 and spec.inputs != spec.outputs
@@ -813,7 +811,7 @@ class Recorder(_torch.DebugMode):
     def _snapshot(self, t: torch.Tensor | None, eid: int, alias: bool = False) -> TensorSnapshot:
         if t is None:
             return TensorSnapshot((), "unknown")
-        shape, dtype, nbytes = _describe(t)
+        shape, dtype, nbytes = _describe(t.shape, t.dtype)
         if t.device.type == "meta":
             return TensorSnapshot(shape, dtype)
         if not self.budget.take(nbytes, eid):
@@ -849,8 +847,7 @@ class Recorder(_torch.DebugMode):
             held = self._aliases[key] = _Alias(owner, owner._version, _view(owner))
         elif held.tensor is not owner or held.tensor._version != held.version:
             return TensorSnapshot(shape, dtype, _numpy(t))  # another tensor over the same buffer
-        values = held.values if held.values.shape == shape else held.values.reshape(shape)
-        snap = TensorSnapshot(shape, dtype, values)
+        snap = TensorSnapshot(shape, dtype, _shaped(held.values, shape))
         held.snapshots.append(snap)
         return snap
 
@@ -858,7 +855,7 @@ class Recorder(_torch.DebugMode):
         """Copy the snapshots aliasing these tensors' buffers, which are about to be written."""
         for x in tensors:
             for t in _torch.plain_tensors(x):
-                if type(t) not in (torch.Tensor, torch.nn.Parameter) or not t.numel():
+                if type(t) not in _PLAIN or not t.numel():
                     continue  # only plain tensors are aliased (a FakeTensor has no data)
                 held = self._aliases.pop(t.untyped_storage().data_ptr(), None)
                 if held is not None:
@@ -923,38 +920,6 @@ class Recorder(_torch.DebugMode):
                 self._desc_cache[key] = ""
         return self._desc_cache[key]
 
-    @staticmethod
-    def _mesh_dim(
-        groups: tuple[tuple[int, ...], ...], desc: str, own: tuple[_torch.MeshInfo, ...]
-    ) -> tuple[int | None, str | None]:
-        """The mesh dim whose groups these are: meshes of this trace first, then any seen before.
-
-        A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
-        Memoised until a mesh is built or freed.
-        """
-        key = (groups, desc, own, _torch.mesh_generation())
-        hit = _DIM_CACHE.get(key)
-        if hit is None:
-            if len(_DIM_CACHE) > 1024:
-                _DIM_CACHE.clear()
-            hit = _DIM_CACHE[key] = Recorder._find_mesh_dim(groups, desc, own)
-        return hit
-
-    @staticmethod
-    def _find_mesh_dim(
-        groups: tuple[tuple[int, ...], ...], desc: str, own: tuple[_torch.MeshInfo, ...]
-    ) -> tuple[int | None, str | None]:
-        name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
-        for shape, names, ranks in [*own, *_torch.known_mesh_infos()]:
-            if len(ranks) != sum(len(g) for g in groups):
-                continue
-            d = _mesh.match_dim(groups, shape, ranks)
-            if d is not None and (name is None or (names and names[d] == name) or name == f"dim_{d}"):
-                return d, names[d] if names else None
-        if name and not name.startswith("dim_"):
-            return None, name
-        return None, None
-
     def finish(self) -> None:
         """Compact the event slots into the trace: ids in execution order, no-op backward hops dropped."""
         renumber: dict[int, int] = {}
@@ -979,7 +944,8 @@ class Recorder(_torch.DebugMode):
             if e.parent is not None:
                 object.__setattr__(e, "parent", renumber[e.parent])
             if isinstance(e, CollectiveEvent):
-                dim, name = self._mesh_dim(e.groups, self._group_desc.get(id(e), ""), own)
+                desc = self._group_desc.get(id(e), "")
+                dim, name = _mesh_dim(e.groups, desc, own, _torch.mesh_generation())
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept
@@ -989,9 +955,32 @@ class Recorder(_torch.DebugMode):
             self.trace.values_dropped_from = min(later) if later else None
 
 
+@functools.lru_cache(maxsize=1024)
+def _mesh_dim(
+    groups: tuple[tuple[int, ...], ...],
+    desc: str,
+    own: tuple[_torch.MeshInfo, ...],
+    generation: tuple[int, int],
+) -> tuple[int | None, str | None]:
+    """The mesh dim whose groups these are: meshes of this trace (``own``) first, then any seen
+    before. ``generation`` changes when a mesh is built or freed, so the memo follows them.
+
+    A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
+    """
+    name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
+    for shape, names, ranks in [*own, *_torch.known_mesh_infos()]:
+        if len(ranks) != sum(len(g) for g in groups):
+            continue
+        d = _mesh.match_dim(groups, shape, ranks)
+        if d is not None and (name is None or (names and names[d] == name) or name == f"dim_{d}"):
+            return d, names[d] if names else None
+    if name and not name.startswith("dim_"):
+        return None, name
+    return None, None
+
+
 _warned_get_rank = False
 _GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
-_DIM_CACHE: dict[Any, tuple[int | None, str | None]] = {}
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
@@ -1245,34 +1234,18 @@ def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
     return out
 
 
-def _describe(t: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
-    """(shape, dtype name, bytes) of a tensor, memoised per torch shape and dtype."""
-    key = (t.shape, t.dtype)
-    hit = _DESCRIPTIONS.get(key)
-    if hit is None:
-        if len(_DESCRIPTIONS) > 4096:
-            _DESCRIPTIONS.clear()
-        shape = tuple(int(s) for s in t.shape)
-        hit = _DESCRIPTIONS[key] = (shape, _torch.dtype_name(t.dtype), math.prod(shape) * t.element_size())
-    return hit
-
-
-_DESCRIPTIONS: dict[tuple[torch.Size, torch.dtype], tuple[tuple[int, ...], str, int]] = {}
+@functools.lru_cache(maxsize=4096)
+def _describe(shape: torch.Size, dtype: torch.dtype) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype name, bytes) of a tensor: the same few recur in every recording."""
+    dims = tuple(int(s) for s in shape)
+    return dims, _torch.dtype_name(dtype), math.prod(dims) * dtype.itemsize
 
 
 def _meta_snapshot(t: torch.Tensor | None) -> TensorSnapshot:
     if t is None:
         return _shared_snapshot((), "unknown")
-    key = (t.shape, t.dtype)
-    hit = _META.get(key)
-    if hit is None:
-        if len(_META) > 4096:
-            _META.clear()
-        hit = _META[key] = _shared_snapshot(tuple(int(d) for d in t.shape), _torch.dtype_name(t.dtype))
-    return hit
-
-
-_META: dict[tuple[torch.Size, torch.dtype], TensorSnapshot] = {}
+    shape, dtype, _ = _describe(t.shape, t.dtype)
+    return _shared_snapshot(shape, dtype)
 
 
 @functools.lru_cache(maxsize=4096)
