@@ -18,6 +18,7 @@ import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -266,14 +267,7 @@ def bench_memory() -> list[Row]:
         held = tracemalloc.get_traced_memory()[0] + _torch_held_values(trace)
         tracemalloc.stop()
         n = len(trace.events)
-        values = sum(
-            s.values.nbytes
-            for c in trace.collectives()
-            for side in (c.inputs, c.outputs)
-            for v in side.values()
-            for s in (v if isinstance(v, list) else [v])
-            if s.values is not None
-        )
+        values = sum(a.nbytes for a in _snapshot_values(trace))
         rows.append(
             (
                 f"trace of the TP MLP forward, values={policy!r} ({n} events)",
@@ -286,6 +280,16 @@ def bench_memory() -> list[Row]:
     return rows
 
 
+def _snapshot_values(trace: sv.Trace) -> Iterator[Any]:
+    """The values array of every snapshot that kept one, once per rank that holds it."""
+    for event in trace.events:
+        for side in (getattr(event, "inputs", {}), getattr(event, "outputs", {})):
+            for v in side.values():
+                for snap in v if isinstance(v, list) else [v]:
+                    if snap.values is not None:
+                        yield snap.values
+
+
 def _torch_held_values(trace: sv.Trace) -> int:
     """Bytes of snapshot values in memory torch allocated (large copies, aliased buffers), which
     tracemalloc does not see; each buffer counted once."""
@@ -293,20 +297,14 @@ def _torch_held_values(trace: sv.Trace) -> int:
 
     seen: set[int] = set()
     total = 0
-    for event in trace.events:
-        for side in (getattr(event, "inputs", {}), getattr(event, "outputs", {})):
-            for v in side.values():
-                for snap in v if isinstance(v, list) else [v]:
-                    a = snap.values
-                    if a is None:
-                        continue
-                    root = a
-                    while isinstance(root, np.ndarray) and root.base is not None:
-                        root = root.base
-                    ptr = a.__array_interface__["data"][0]
-                    if isinstance(root, torch.Tensor) and ptr not in seen:
-                        seen.add(ptr)
-                        total += a.nbytes
+    for a in _snapshot_values(trace):
+        root = a
+        while isinstance(root, np.ndarray) and root.base is not None:
+            root = root.base
+        ptr = a.__array_interface__["data"][0]
+        if isinstance(root, torch.Tensor) and ptr not in seen:
+            seen.add(ptr)
+            total += a.nbytes
     return total
 
 
