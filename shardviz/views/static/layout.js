@@ -454,8 +454,8 @@ function render({ model, el, experimental }) {
   main.addEventListener("click", onClick);
   main.addEventListener("keydown", onKey);
 
-  function drawAll() {
-    drawHead();
+  // Everything below the title: what a change of the shown dims or index redraws.
+  function drawView() {
     drawControls();
     drawTensor();
     drawMesh();
@@ -464,18 +464,15 @@ function render({ model, el, experimental }) {
     drawInfo();
   }
 
+  function drawAll() {
+    drawHead();
+    drawView();
+  }
+
   const onGeometry = () => {
     geo = prepare(model.get("geometry"));
     valuesCache.clear();
     drawAll();
-  };
-  const onView = () => {
-    drawControls();
-    drawTensor();
-    drawMesh();
-    drawLegend();
-    applyHighlight();
-    drawInfo();
   };
   const onHeat = () => {
     root.classList.remove("sv-heat-on");
@@ -494,8 +491,8 @@ function render({ model, el, experimental }) {
   };
   const unlisten = listen(model, [
     ["change:geometry", onGeometry],
-    ["change:dims", onView],
-    ["change:index", onView],
+    ["change:dims", drawView],
+    ["change:index", drawView],
     ["change:heatmap", onHeat],
     ["change:selected", onSelected],
     ["change:values_info", onValuesInfo],
