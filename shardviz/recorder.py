@@ -718,8 +718,13 @@ class Recorder(_torch.DebugMode):
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
-        emulate = _EMULATED.get(impl) if self.rank is None else None
-        out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
+        gathered = _gather_per_group(bound, groups) if self.rank is None and impl == _GATHER else None
+        if gathered is not None:
+            out, group_values = gathered
+        else:
+            group_values = None
+            emulate = _EMULATED.get(impl) if self.rank is None else None
+            out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
         if self.rank is not None:  # a real process: the result is only there once the work is done
             _torch.wait_collective(out, functional=spec.group == "group_name")
         if self.on_collective is not None:
@@ -727,8 +732,11 @@ class Recorder(_torch.DebugMode):
 
         if spec.outputs == "return":
             out_arg = out
-        shared = groups if spec.op in ("all_reduce", "all_gather", "broadcast") else ()
-        outputs = self._snap(out_arg, ranks, eid, shared) if out_arg is not None else {}
+        if group_values is not None:
+            outputs = self._snap_groups(group_values, out, groups, ranks, eid)
+        else:
+            shared = groups if spec.op in ("all_reduce", "all_gather", "broadcast") else ()
+            outputs = self._snap(out_arg, ranks, eid, shared) if out_arg is not None else {}
         root = bound.get(spec.root) if spec.root else None
         desc = self._desc(gkey, group)
         if parent is not None:
@@ -803,6 +811,36 @@ class Recorder(_torch.DebugMode):
             snaps = [self._snapshot(pt.get(r), eid, alias) for pt in per_tensor]
             out[r] = snaps if listed else snaps[0]
         return out
+
+    def _snap_groups(
+        self,
+        group_values: dict[int, torch.Tensor],
+        out: Any,
+        groups: tuple[tuple[int, ...], ...],
+        ranks: Sequence[int],
+        eid: int,
+    ) -> dict[int, Any]:
+        """Snapshots of a collective's outputs that shardviz made itself, one per group: every
+        member got a clone of its group's value, which nothing else holds, so the snapshot keeps
+        that tensor's buffer as it is, with no compare and no copy."""
+        per_rank = _per_rank(out, ranks)
+        keep = self.budget.left > 0
+        by_rank: dict[int, Any] = {}
+        for g in groups:
+            value = group_values.get(g[0])
+            if value is None:
+                continue
+            shape, dtype, nbytes = _describe(value.shape, value.dtype)
+            if keep and self.budget.take(nbytes, eid):
+                snap = TensorSnapshot(shape, dtype, _view(value) if _readable(value) else _numpy(value))
+            else:
+                if keep is False and self.budget.keeps_any and self.budget.exhausted_at is None:
+                    self.budget.exhausted_at = eid
+                snap = _meta_snapshot(value)
+            for r in g:
+                by_rank[r] = snap
+        # A rank of an incomplete group gets no output, as in LocalTensorMode.
+        return {r: by_rank[r] if r in by_rank else _meta_snapshot(per_rank.get(r)) for r in ranks}
 
     def _metadata(self, per_tensor: list[dict[int, torch.Tensor]], r: int, listed: bool) -> Any:
         snaps = [_meta_snapshot(pt.get(r)) for pt in per_tensor]
@@ -1208,6 +1246,34 @@ def _emulate_broadcast(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...
                     if r != g[root]:
                         local[r].copy_(src)
     return (tensors, _torch.fake_work())
+
+
+_GATHER = "_c10d_functional.all_gather_into_tensor"
+
+
+def _gather_per_group(
+    bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]
+) -> tuple[Any, dict[int, torch.Tensor]] | None:
+    """Functional all_gather_into_tensor (DTensor's Shard -> Replicate), as LocalTensorMode does
+    it: each group's shards concatenated once, a clone for each member. The concatenation is kept
+    for the snapshot, which then needs neither a copy nor a compare of the members' outputs.
+    None where this is not a simple case (LocalTensorMode then runs it)."""
+    local = _torch.local_tensors(bound.get("input"))
+    size = bound.get("group_size")
+    if local is None or not all(type(t) in _PLAIN and not t.requires_grad for t in local.values()):
+        return None
+    complete = [g for g in groups if len(g) == size and all(r in local for r in g)]
+    if not complete:
+        return None
+    out: dict[int, torch.Tensor] = {}
+    values: dict[int, torch.Tensor] = {}
+    with _torch.plain_ops():
+        for g in complete:
+            full = torch.cat([local[r] for r in g])
+            values[g[0]] = full
+            for r in g:
+                out[r] = full.clone()
+    return _torch.new_local_tensor(out), values
 
 
 _EMULATED = {
