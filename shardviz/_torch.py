@@ -41,6 +41,7 @@ _REQUIRED = {
     "resolve_process_group": ("torch.distributed.distributed_c10d", "_resolve_process_group"),
     "storage_use_count": ("torch._C", "_storage_Use_Count"),
     "DisableTorchDispatch": ("torch._C", "_DisableTorchDispatch"),
+    "local_reduce": ("torch.distributed._local_tensor._c10d", "_local_reduce"),
 }
 
 
@@ -119,6 +120,11 @@ def plain_ops() -> Any:
     handler: a C++ guard, some twenty times cheaper than ``no_dispatch`` (which pops and pushes
     the mode stack). Only for plain tensors: a LocalTensor's ops would not reach its handler."""
     return _private["DisableTorchDispatch"]()
+
+
+def local_reduce(reduce_op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A group's reduction exactly as LocalTensorMode computes it (same order, same bits)."""
+    return _private["local_reduce"](reduce_op, tensors)
 
 
 def is_local_tensor(t: object) -> bool:

@@ -718,9 +718,10 @@ class Recorder(_torch.DebugMode):
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
-        gathered = _gather_per_group(bound, groups) if self.rank is None and impl == _GATHER else None
-        if gathered is not None:
-            out, group_values = gathered
+        per_group = _PER_GROUP.get(impl) if self.rank is None else None
+        done = per_group(bound, groups) if per_group is not None else None
+        if done is not None:
+            out, group_values = done
         else:
             group_values = None
             emulate = _EMULATED.get(impl) if self.rank is None else None
@@ -1248,32 +1249,69 @@ def _emulate_broadcast(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...
     return (tensors, _torch.fake_work())
 
 
-_GATHER = "_c10d_functional.all_gather_into_tensor"
+# DTensor's functional collectives whose members all end with one value per group, done here
+# once per group, as LocalTensorMode does them (same ops, same order, so the same bits): each group's
+# value is computed once and each member gets a clone. The value itself is kept for the snapshot,
+# which then needs neither a copy nor a compare of the members' outputs; nothing else holds it.
+# Each returns None where the case is not a simple one, and LocalTensorMode runs it.
+
+
+def _plain_local(x: Any) -> dict[int, torch.Tensor] | None:
+    local = _torch.local_tensors(x)
+    if local is None or not all(type(t) in _PLAIN and not t.requires_grad for t in local.values()):
+        return None
+    return local
 
 
 def _gather_per_group(
     bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]
 ) -> tuple[Any, dict[int, torch.Tensor]] | None:
-    """Functional all_gather_into_tensor (DTensor's Shard -> Replicate), as LocalTensorMode does
-    it: each group's shards concatenated once, a clone for each member. The concatenation is kept
-    for the snapshot, which then needs neither a copy nor a compare of the members' outputs.
-    None where this is not a simple case (LocalTensorMode then runs it)."""
-    local = _torch.local_tensors(bound.get("input"))
+    """all_gather_into_tensor (Shard -> Replicate): the group's shards concatenated along dim 0.
+    A rank of an incomplete group gets no output, as in LocalTensorMode."""
+    local = _plain_local(bound.get("input"))
     size = bound.get("group_size")
-    if local is None or not all(type(t) in _PLAIN and not t.requires_grad for t in local.values()):
-        return None
-    complete = [g for g in groups if len(g) == size and all(r in local for r in g)]
+    complete = [g for g in groups if len(g) == size and all(r in local for r in g)] if local else []
     if not complete:
         return None
     out: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
     with _torch.plain_ops():
         for g in complete:
-            full = torch.cat([local[r] for r in g])
-            values[g[0]] = full
+            full = values[g[0]] = torch.cat([local[r] for r in g])  # type: ignore[index]
             for r in g:
                 out[r] = full.clone()
     return _torch.new_local_tensor(out), values
+
+
+def _reduce_per_group(
+    bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]
+) -> tuple[Any, dict[int, torch.Tensor]] | None:
+    """all_reduce (Partial -> Replicate): LocalTensorMode's reduction of the group's inputs, in the
+    input's dtype, contiguous (the functional op clones its input and reduces into the clone)."""
+    local = _plain_local(bound.get("input"))
+    op = bound.get("reduce_op")
+    if local is None or op not in _LOCAL_REDUCE_OPS:
+        return None
+    covered = sorted(r for g in groups for r in g)
+    if covered != sorted(local) or not all(len(g) == len(groups[0]) for g in groups):
+        return None
+    out: dict[int, torch.Tensor] = {}
+    values: dict[int, torch.Tensor] = {}
+    with _torch.plain_ops():
+        for g in groups:
+            first = local[g[0]]
+            value = values[g[0]] = torch.empty_like(first, memory_format=torch.contiguous_format)
+            value.copy_(_torch.local_reduce(op, [local[r] for r in g]))
+            for r in g:
+                out[r] = value.clone()
+    return _torch.new_local_tensor(out), values
+
+
+_LOCAL_REDUCE_OPS = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor"}
+_PER_GROUP = {
+    "_c10d_functional.all_gather_into_tensor": _gather_per_group,
+    "_c10d_functional.all_reduce": _reduce_per_group,
+}
 
 
 _EMULATED = {

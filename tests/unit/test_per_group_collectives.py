@@ -1,19 +1,23 @@
-"""While recording, shardviz does DTensor's all_gather (functional all_gather_into_tensor) itself,
-once per group, so that the outputs' snapshot needs no copy and no compare.
+"""While recording, shardviz does DTensor's all_gather and all_reduce (the functional
+all_gather_into_tensor and all_reduce) itself, once per group, so that the outputs' snapshot needs
+no copy and no compare.
 
 The program must get exactly what bare LocalTensorMode gives it (bit for bit, on every rank, for
-every mesh dim, uneven shards, dtypes and sub-groups), the snapshot must show the gathered values
-(computed here with plain torch), and writes to the program's outputs must not reach it.
+every mesh dim, uneven shards, dtypes, reduce ops and sub-groups), the snapshot must show the
+gathered or reduced values (computed here with plain torch), and writes to the program's outputs
+must not reach it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz import _torch
@@ -129,3 +133,98 @@ def test_budget_counts_one_value_per_group():
     gather = next(c for c in trace.collectives() if c.op == "all_gather")
     assert all(gather.outputs[r].values is not None for r in range(4))
     assert trace.values_dropped_from is None
+
+
+REDUCE_DTYPES = [
+    ("sum", torch.float32),
+    ("sum", torch.bfloat16),
+    ("sum", torch.int64),
+    ("avg", torch.float32),
+    ("max", torch.float32),
+    ("min", torch.int64),
+    ("product", torch.float64),
+]
+PLAIN_REDUCE = {
+    "sum": lambda ts: functools.reduce(torch.add, ts),
+    "avg": lambda ts: functools.reduce(torch.add, ts) / len(ts),
+    "max": lambda ts: functools.reduce(torch.maximum, ts),
+    "min": lambda ts: functools.reduce(torch.minimum, ts),
+    "product": lambda ts: functools.reduce(torch.mul, ts),
+}
+
+
+def partial_to_replicate(mesh, dim, op, rank_value, record: bool):
+    placements = [Partial(op) if i == dim else Replicate() for i in range(mesh.ndim)]
+
+    def body():
+        local = sv.per_rank(rank_value)
+        return DTensor.from_local(local, mesh, placements).redistribute(mesh, [Replicate()] * mesh.ndim)
+
+    if record:
+        with sv.record() as trace:
+            out = body()
+        return per_rank(out), trace
+    with sv.backends.current().simulate():
+        return per_rank(body()), None
+
+
+@pytest.mark.parametrize("mesh_shape, dim", MESHES, ids=str)
+@pytest.mark.parametrize("op, dtype", REDUCE_DTYPES, ids=str)
+def test_all_reduce_gives_what_bare_local_tensor_mode_gives(mesh_shape, dim, op, dtype):
+    mesh = build(mesh_shape)
+
+    def noisy(r):  # rounding makes the order of the reduction show in the bits
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(r), dtype=torch.float64) * 3
+        return x.to(dtype)
+
+    bare, _ = partial_to_replicate(mesh, dim, op, noisy, record=False)
+    recorded, trace = partial_to_replicate(mesh, dim, op, noisy, record=True)
+    assert sorted(bare) == sorted(recorded) == list(range(mesh.size()))
+    for r in bare:
+        assert bare[r].dtype == recorded[r].dtype == dtype
+        assert torch.equal(bare[r], recorded[r]), r
+    reduce = trace.collectives()[-1]
+    assert reduce.op == "all_reduce" and reduce.impl == "_c10d_functional.all_reduce"
+
+
+@pytest.mark.parametrize("mesh_shape, dim", MESHES, ids=str)
+@pytest.mark.parametrize("op, dtype", REDUCE_DTYPES, ids=str)
+def test_all_reduce_values_and_snapshots(mesh_shape, dim, op, dtype):
+    mesh = build(mesh_shape)
+
+    def small(r):  # small integers: every order of the reduction gives the same exact result
+        return (torch.arange(12, dtype=torch.float64).reshape(4, 3) % 3 + r + 1).to(dtype)
+
+    got, trace = partial_to_replicate(mesh, dim, op, small, record=True)
+    reduce = trace.collectives()[-1]
+    # The groups along the mesh dim, from the mesh's rank grid.
+    expected_groups = {
+        tuple(int(r) for r in g) for g in mesh.mesh.transpose(dim, -1).reshape(-1, mesh.size(dim)).tolist()
+    }
+    assert set(reduce.groups) == expected_groups
+    for g in reduce.groups:
+        expected = PLAIN_REDUCE[op]([small(r) for r in g]).to(dtype)
+        for r in g:
+            assert torch.equal(got[r], expected), r
+            np.testing.assert_array_equal(
+                reduce.outputs[r].values,
+                expected.float().numpy() if dtype == torch.bfloat16 else expected.numpy(),
+            )
+            np.testing.assert_array_equal(
+                reduce.inputs[r].values,
+                small(r).float().numpy() if dtype == torch.bfloat16 else small(r).numpy(),
+            )
+        assert all(reduce.outputs[r] is reduce.outputs[g[0]] for r in g)  # one snapshot per group
+
+
+def test_all_reduce_snapshot_is_not_the_programs_buffer():
+    mesh = build((4,))
+    with sv.record() as trace:
+        local = sv.per_rank(lambda r: torch.full((3, 3), float(r)))
+        out = DTensor.from_local(local, mesh, [Partial()]).redistribute(mesh, [Replicate()])
+        out.to_local().add_(100)  # in the recording
+    for t in _torch.local_tensors(out.to_local()).values():
+        t.fill_(-1)  # and after it
+    reduce = trace.collectives()[-1]
+    for r in range(4):
+        np.testing.assert_array_equal(reduce.outputs[r].values, np.full((3, 3), 6.0))
