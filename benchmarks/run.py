@@ -252,6 +252,65 @@ def bench_scale(
     return rows
 
 
+def bench_collectives() -> list[Row]:
+    """The collectives shardviz does itself while recording (once per group, see the recorder),
+    against LocalTensorMode's own, on the same inputs: how much of the recording ratios comes
+    from doing them differently rather than from recording."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardviz import recorder
+
+    functional = torch.ops._c10d_functional
+
+    torch.set_num_threads(1)
+    rows = []
+    for n, side in ((2, 64), (8, 64), (8, 512)):
+        progress(f"collectives: {n} ranks, {side}x{side}")
+        sv.use("local", world_size=n)
+        with sv.record(values="none"):
+            mesh = init_device_mesh("cpu", (n,))
+        backend = sv.backends.current()
+        name = mesh.get_group(0).group_name
+        groups = (tuple(range(n)),)
+        with backend.simulate():  # type: ignore[attr-defined]
+            shard = sv.per_rank(lambda r, side=side, n=n: torch.randn(side // n, side))
+            part = sv.per_rank(lambda r, side=side: torch.randn(side, side))
+        ops = {
+            "all_gather": (
+                lambda shard=shard, n=n, name=name: functional.all_gather_into_tensor(shard, n, name),
+                lambda shard=shard, n=n, name=name, groups=groups: recorder._gather_per_group(
+                    {"input": shard, "group_size": n, "group_name": name}, groups
+                ),
+            ),
+            "all_reduce": (
+                lambda part=part, name=name: functional.all_reduce(part, "sum", name),
+                lambda part=part, name=name, groups=groups: recorder._reduce_per_group(
+                    {"input": part, "reduce_op": "sum", "group_name": name}, groups
+                ),
+            ),
+        }
+        for op, (theirs, ours) in ops.items():
+            times: dict[str, list[float]] = {"theirs": [], "ours": []}
+            with backend.simulate():  # type: ignore[attr-defined]
+                for _ in range(201):
+                    for key, fn in (("theirs", theirs), ("ours", ours)):
+                        t = time.perf_counter()
+                        out = fn()
+                        times[key].append(time.perf_counter() - t)
+                        del out
+            ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
+            rows.append(
+                (
+                    f"{op} of {side}x{side} over {n} ranks, once per group (as recorded)",
+                    f"{ours_s * 1e6:.0f} us",
+                    f"{theirs_s * 1e6:.0f} us (LocalTensorMode's)",
+                    f"{ours_s / theirs_s:.2f}x",
+                )
+            )
+    sv.use("local", world_size=4)
+    return rows
+
+
 def bench_memory() -> list[Row]:
     """Bytes a trace holds per event, for each value policy (TP MLP forward on 8 ranks)."""
     progress("trace memory per event")
@@ -404,6 +463,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
     "scale": bench_scale,
+    "collectives": bench_collectives,
     "memory": bench_memory,
     "views": bench_views,
 }

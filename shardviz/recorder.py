@@ -448,7 +448,6 @@ class Recorder(_torch.DebugMode):
         self._in_dtensor_op = False
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
         self._group_desc: dict[int, str] = {}  # by id() of the event
-        self._desc_cache: dict[Any, str] = {}
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
         # Snapshots that alias a live buffer, by the buffer's storage address: see _alias.
@@ -952,12 +951,18 @@ class Recorder(_torch.DebugMode):
             )
 
     def _desc(self, key: str, group: Any) -> str:
-        if key not in self._desc_cache:
+        # Kept across recordings, as the groups are: a group's description is fixed when it is made.
+        ckey = (key, id(_torch.dist.group.WORLD))
+        desc = _DESC_CACHE.get(ckey)
+        if desc is None:
             try:
-                self._desc_cache[key] = _torch.process_group_desc(group) if group is not None else ""
+                desc = _torch.process_group_desc(group) if group is not None else ""
             except Exception:
-                self._desc_cache[key] = ""
-        return self._desc_cache[key]
+                desc = ""
+            if len(_DESC_CACHE) > 1024:
+                _DESC_CACHE.clear()
+            _DESC_CACHE[ckey] = desc
+        return desc
 
     def finish(self) -> None:
         """Compact the event slots into the trace: ids in execution order, no-op backward hops dropped."""
@@ -1020,6 +1025,7 @@ def _mesh_dim(
 
 _warned_get_rank = False
 _GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
+_DESC_CACHE: dict[tuple[str, int], str] = {}
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
@@ -1440,7 +1446,7 @@ def _nbytes(tensors: Sequence[torch.Tensor], ranks: Sequence[int]) -> dict[int, 
     out = dict.fromkeys(ranks, 0)
     for t in tensors:
         for r, lt in _per_rank(t, ranks).items():
-            out[r] = out.get(r, 0) + lt.numel() * lt.element_size()
+            out[r] = out.get(r, 0) + _describe(lt.shape, lt.dtype)[2]
     return out
 
 
