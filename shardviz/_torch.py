@@ -87,6 +87,9 @@ TorchDispatchMode = _private["TorchDispatchMode"]
 
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+from torch.nn.modules.module import (  # noqa: E402
+    register_module_forward_pre_hook as _register_module_forward_pre_hook,
+)
 
 __all__ = [
     "DTensor",
@@ -410,16 +413,15 @@ class ModuleStack:
         return best[1] if best else None
 
     def __enter__(self) -> ModuleStack:
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
-        self._handles.append(register_module_forward_pre_hook(self._enter_forward))
+        self._handles.append(_register_module_forward_pre_hook(self._enter_forward))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._hooked = weakref.WeakSet()
+        if self._hooked:
+            self._hooked = weakref.WeakSet()
         self._stack.clear()
 
 

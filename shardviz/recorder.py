@@ -983,13 +983,19 @@ class Recorder(_torch.DebugMode):
         # The events were made by this recorder and nothing else holds them yet: fill in their
         # final ids and mesh dims in place (dataclasses.replace would rebuild each one).
         own = tuple(self._meshes.values())
+        generation = _torch.mesh_generation()
+        dims: dict[tuple[int, str], tuple[int | None, str | None]] = {}  # the groups tuples are shared
         for e in kept:
             object.__setattr__(e, "id", renumber[e.id])
             if e.parent is not None:
                 object.__setattr__(e, "parent", renumber[e.parent])
             if isinstance(e, CollectiveEvent):
                 desc = self._group_desc.get(id(e), "")
-                dim, name = _mesh_dim(e.groups, desc, own, _torch.mesh_generation())
+                key = (id(e.groups), desc)
+                hit = dims.get(key)
+                if hit is None:
+                    hit = dims[key] = _mesh_dim(e.groups, desc, own, generation)
+                dim, name = hit
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept
@@ -1135,8 +1141,10 @@ def _redistribute_layouts(
     caller: FrameType, src: Any, dst: Any, rec: Recorder
 ) -> tuple[Layout | None, Layout | None, tuple[str, ...], tuple[str, ...]]:
     """Layouts before and after, from the DTensor specs in DTensor's own frame or arguments."""
-    src_spec = src if hasattr(src, "placements") else caller.f_locals.get("current_spec")
-    dst_spec = dst if hasattr(dst, "placements") else caller.f_locals.get("target_spec")
+    # DTensor passes placements; its frame holds the specs. f_locals builds a dict: read it once.
+    names = caller.f_locals if not (hasattr(src, "placements") and hasattr(dst, "placements")) else {}
+    src_spec = src if hasattr(src, "placements") else names.get("current_spec")
+    dst_spec = dst if hasattr(dst, "placements") else names.get("target_spec")
     if src_spec is not None:
         rec._note_mesh(src_spec.mesh)
     # A spec is immutable: the same DTensor redistributed again (a loop, a training step) gives
