@@ -235,10 +235,11 @@ _mesh_births = 0
 
 def remember_mesh(mesh: Any) -> None:
     global _mesh_births
-    with contextlib.suppress(TypeError):
-        if _live_meshes.get(id(mesh)) is not mesh:
-            _mesh_births += 1
+    if _live_meshes.get(id(mesh)) is mesh:
+        return  # known: every recording notes its meshes again
+    with contextlib.suppress(TypeError):  # a mesh that takes no weak reference is not kept
         _live_meshes[id(mesh)] = mesh
+        _mesh_births += 1
 
 
 def mesh_generation() -> tuple[int, int]:

@@ -683,8 +683,8 @@ class Recorder(_torch.DebugMode):
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
-        in_flat = [t for t in _flatten(in_arg) if isinstance(t, torch.Tensor)]
-        tensors = in_flat + [t for t in _flatten(out_arg) if isinstance(t, torch.Tensor)]
+        in_flat = _tensors(in_arg)
+        tensors = in_flat + _tensors(out_arg) if out_arg is not None else in_flat
         group = bound.get(spec.group)
         gkey = _torch.process_group_key(group) if group is not None else "WORLD"
         if self.rank is None:
@@ -1340,7 +1340,7 @@ _NOT_PARAMS = {"async_op", "timeout", "tag", "group_size", "root_tensor", "spars
 
 def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
     """Scalar arguments of a collective that shape its data flow, as JSON values."""
-    skip = {spec.inputs, spec.outputs, spec.group, spec.root, "reduce_op", *_NOT_PARAMS}
+    skip = _not_params(spec)
     out: dict[str, Any] = {}
     for k, v in bound.items():
         if k in skip:
@@ -1350,6 +1350,11 @@ def _params(bound: dict[str, Any], spec: _Spec) -> dict[str, Any]:
         elif isinstance(v, list | tuple) and all(isinstance(x, int) for x in v):
             out[k] = [int(x) for x in v]
     return out
+
+
+@functools.cache
+def _not_params(spec: _Spec) -> frozenset[str | None]:
+    return frozenset({spec.inputs, spec.outputs, spec.group, spec.root, "reduce_op", *_NOT_PARAMS})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1417,6 +1422,13 @@ def _same_bits(x: Any, y: Any) -> bool:
 _WORDS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 _NUMPY_COMPARE = 32 * 1024
 _TORCH_WORDS = {np.uint8: torch.uint8, np.int16: torch.int16, np.int32: torch.int32, np.int64: torch.int64}
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in a collective's argument: one tensor, or (nested) lists of them."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for t in _flatten(x) if isinstance(t, torch.Tensor)]
 
 
 def _flatten(x: Any) -> list[Any]:
