@@ -1309,6 +1309,9 @@ def _reduce_per_group(
     covered = sorted(r for g in groups for r in g)
     if covered != sorted(local) or not all(len(g) == len(groups[0]) for g in groups):
         return None
+    first = next(iter(local.values()))
+    if not all(t.shape == first.shape and t.dtype == first.dtype for t in local.values()):
+        return None  # ranks of different shapes: LocalTensorMode broadcasts into each
     out: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
     with _torch.plain_ops():
