@@ -43,8 +43,10 @@ def interleaved(
     cases: dict[str, Callable[[], contextlib.AbstractContextManager[object]]],
     body: Callable[[], object],
     rounds: int,
-) -> dict[str, float]:
-    """Median time of ``body`` under each context, the contexts taking turns to share the noise.
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median time of ``body`` under each context, the contexts taking turns to share the noise,
+    and each context's ratio to the first one: the median of the per-round ratios, so that a
+    round's drift (allocator state, another process) cancels out within the round.
 
     Each round runs every context once, in a shuffled order (seeded): a fixed order lets the
     context that runs after another inherit its caches and allocator state. The clock covers
@@ -70,7 +72,9 @@ def interleaved(
             # left to it, they pile up and the run that triggers it pays for all (bare
             # LocalTensorMode looked 1.3x slower than a recorded run at 128 ranks).
             gc.collect()
-    return {k: statistics.median(v) for k, v in times.items()}
+    base = times[next(iter(cases))]
+    ratios = {k: statistics.median(t / b for t, b in zip(v, base, strict=True)) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, ratios
 
 
 def progress(msg: str) -> None:
@@ -187,7 +191,7 @@ def bench_recording() -> list[Row]:
         "DebugMode": lambda: _with_mode(DebugMode),
         "CommDebugMode": lambda: _with_mode(CommDebugMode),
     }
-    med = interleaved(cases, lambda: model(x), rounds=30)
+    med, ratio = interleaved(cases, lambda: model(x), rounds=30)
     base = med["bare LocalTensorMode"]
     targets = {
         'sv.record(values="none")': " (target <= 1.10)",
@@ -198,7 +202,7 @@ def bench_recording() -> list[Row]:
             f"TP MLP forward under {k}{targets.get(k, '')}",
             f"{v * 1e3:.1f} ms",
             f"{base * 1e3:.1f} ms (bare)",
-            f"{v / base:.2f}x",
+            f"{ratio[k]:.2f}x",
         )
         for k, v in med.items()
         if k != "bare LocalTensorMode"
@@ -234,18 +238,18 @@ def bench_scale(
                     torch.randn(side, side), mesh, [Shard(0), Shard(1)], src_data_rank=None
                 )
             progress(f"scale: {n} ranks, {side}x{side} - timing")
-            rounds = 101 if n <= 4 else 31 if n <= 16 else 11 if n <= 64 else 5
+            rounds = 101 if n <= 4 else 51 if n <= 16 else 21 if n <= 64 else 7
 
             def body(dt=dt, mesh=mesh) -> object:
                 return dt.redistribute(mesh, [Replicate(), Replicate()])
 
-            med = interleaved(cases, body, rounds)
+            med, ratio = interleaved(cases, body, rounds)
             rows.append(
                 (
                     f"2-D redistribute [S(0),S(1)]->[R,R] of {side}x{side} on mesh {shape} ({n} ranks)",
                     f'{med["none"] * 1e3:.1f} ms (values="none"), {med["default"] * 1e3:.1f} ms (default)',
                     f"{med['bare'] * 1e3:.1f} ms (bare)",
-                    f"{med['none'] / med['bare']:.2f}x / {med['default'] / med['bare']:.2f}x",
+                    f"{ratio['none']:.2f}x / {ratio['default']:.2f}x",
                 )
             )
     sv.use("local", world_size=4)
@@ -299,12 +303,13 @@ def bench_collectives() -> list[Row]:
                         times[key].append(time.perf_counter() - t)
                         del out
             ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
+            paired = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"], strict=True))
             rows.append(
                 (
                     f"{op} of {side}x{side} over {n} ranks, once per group (as recorded)",
                     f"{ours_s * 1e6:.0f} us",
                     f"{theirs_s * 1e6:.0f} us (LocalTensorMode's)",
-                    f"{ours_s / theirs_s:.2f}x",
+                    f"{paired:.2f}x",
                 )
             )
     sv.use("local", world_size=4)
