@@ -448,6 +448,7 @@ class Recorder(_torch.DebugMode):
         self._in_dtensor_op = False
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
         self._group_desc: dict[int, str] = {}  # by id() of the event
+        self._desc_cache: dict[str, str] = {}
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
         # Snapshots that alias a live buffer, by the buffer's storage address: see _alias.
@@ -917,8 +918,13 @@ class Recorder(_torch.DebugMode):
             )
 
     def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        # Kept across recordings: a group name is stable for as long as the world group lives.
-        key = (key, self.world_size, id(_torch.dist.group.WORLD))  # type: ignore[assignment]
+        # Kept across recordings: a group name is stable for as long as the world group lives. A
+        # new world (sv.use, sv.restart) can reuse the old names for other groups: start afresh.
+        world = _torch.dist.group.WORLD
+        if _GROUP_CACHE_WORLD[0] is not world:
+            _GROUP_CACHE.clear()
+            _GROUP_CACHE_WORLD[0] = world
+        key = (key, self.world_size)  # type: ignore[assignment]
         cached = _GROUP_CACHE.get(key)
         if cached is None:
             try:
@@ -951,17 +957,15 @@ class Recorder(_torch.DebugMode):
             )
 
     def _desc(self, key: str, group: Any) -> str:
-        # Kept across recordings, as the groups are: a group's description is fixed when it is made.
-        ckey = (key, id(_torch.dist.group.WORLD))
-        desc = _DESC_CACHE.get(ckey)
+        # Per recording: a group name can come back for another mesh's group after sv.use() makes
+        # a new world, whose id() may be the old one's.
+        desc = self._desc_cache.get(key)
         if desc is None:
             try:
                 desc = _torch.process_group_desc(group) if group is not None else ""
             except Exception:
                 desc = ""
-            if len(_DESC_CACHE) > 1024:
-                _DESC_CACHE.clear()
-            _DESC_CACHE[ckey] = desc
+            self._desc_cache[key] = desc
         return desc
 
     def finish(self) -> None:
@@ -1031,7 +1035,7 @@ def _mesh_dim(
 
 _warned_get_rank = False
 _GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
-_DESC_CACHE: dict[tuple[str, int], str] = {}
+_GROUP_CACHE_WORLD: list[Any] = [None]  # the world group the cache belongs to (held: its id stays its own)
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
