@@ -1320,8 +1320,7 @@ def _reduce_per_group(
     values: dict[int, torch.Tensor] = {}
     with _torch.plain_ops():
         for g in groups:
-            first = local[g[0]]
-            value = values[g[0]] = torch.empty_like(first, memory_format=torch.contiguous_format)
+            value = values[g[0]] = torch.empty_like(local[g[0]], memory_format=torch.contiguous_format)
             value.copy_(_torch.local_reduce(op, [local[r] for r in g]))
             for r in g:
                 out[r] = value.clone()

@@ -228,3 +228,28 @@ def test_all_reduce_snapshot_is_not_the_programs_buffer():
     reduce = trace.collectives()[-1]
     for r in range(4):
         np.testing.assert_array_equal(reduce.outputs[r].values, np.full((3, 3), 6.0))
+
+
+@pytest.mark.parametrize("rebuild", ["restart", "use"])
+def test_groups_and_mesh_dims_follow_a_new_world(rebuild):
+    """A new world group (sv.restart, sv.use) may reuse the old one's group names for other groups."""
+    mesh = build((2, 2))
+    x = torch.arange(16.0).reshape(4, 4)
+    with sv.record() as first:
+        distribute_tensor(x, mesh, [Shard(0), Replicate()], src_data_rank=None).redistribute(
+            mesh, [Replicate()] * 2
+        )
+    assert next(c for c in first.collectives() if c.op == "all_gather").groups == ((0, 2), (1, 3))
+    if rebuild == "restart":
+        sv.restart()
+    else:
+        sv.use("local", world_size=2)
+        sv.use("local", world_size=4)
+    with sv.record(values="none"):
+        flat = init_device_mesh("cpu", (4,), mesh_dim_names=("x",))
+    with sv.record() as second:
+        distribute_tensor(x, flat, [Shard(0)], src_data_rank=None).redistribute(flat, [Replicate()])
+    gather = next(c for c in second.collectives() if c.op == "all_gather")
+    assert gather.groups == ((0, 1, 2, 3),) and gather.mesh_dim_name == "x"
+    for r in range(4):
+        np.testing.assert_array_equal(gather.outputs[r].values, x.numpy())
