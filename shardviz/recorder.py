@@ -825,19 +825,12 @@ class Recorder(_torch.DebugMode):
         member got a clone of its group's value, which nothing else holds, so the snapshot keeps
         that tensor's buffer as it is, with no compare and no copy."""
         per_rank = _per_rank(out, ranks)
-        keep = self.budget.left > 0
         by_rank: dict[int, Any] = {}
         for g in groups:
             value = group_values.get(g[0])
             if value is None:
                 continue
-            shape, dtype, nbytes = _describe(value.shape, value.dtype)
-            if keep and self.budget.take(nbytes, eid):
-                snap = TensorSnapshot(shape, dtype, _view(value) if _readable(value) else _numpy(value))
-            else:
-                if keep is False and self.budget.keeps_any and self.budget.exhausted_at is None:
-                    self.budget.exhausted_at = eid
-                snap = _meta_snapshot(value)
+            snap = self._snapshot(value, eid, owned=True)
             for r in g:
                 by_rank[r] = snap
         # A rank of an incomplete group gets no output, as in LocalTensorMode.
@@ -847,7 +840,11 @@ class Recorder(_torch.DebugMode):
         snaps = [_meta_snapshot(pt.get(r)) for pt in per_tensor]
         return snaps if listed else snaps[0]
 
-    def _snapshot(self, t: torch.Tensor | None, eid: int, alias: bool = False) -> TensorSnapshot:
+    def _snapshot(
+        self, t: torch.Tensor | None, eid: int, alias: bool = False, owned: bool = False
+    ) -> TensorSnapshot:
+        """``alias``: the buffer may be aliased until it may change (see _alias); ``owned``: the
+        buffer is the recorder's own, which nothing else holds or writes, so it is kept as it is."""
         if t is None:
             return TensorSnapshot((), "unknown")
         shape, dtype, nbytes = _describe(t.shape, t.dtype)
@@ -855,6 +852,8 @@ class Recorder(_torch.DebugMode):
             return TensorSnapshot(shape, dtype)
         if not self.budget.take(nbytes, eid):
             return TensorSnapshot(shape, dtype)
+        if owned and _readable(t):
+            return TensorSnapshot(shape, dtype, _view(t))
         # A small buffer costs less to copy than to keep track of.
         if alias and nbytes > _SMALL and _aliasable(t):
             return self._alias(t, shape, dtype)
@@ -1291,14 +1290,7 @@ def _gather_per_group(
     complete = [g for g in groups if len(g) == size and all(r in local for r in g)] if local else []
     if not complete:
         return None
-    out: dict[int, torch.Tensor] = {}
-    values: dict[int, torch.Tensor] = {}
-    with _torch.plain_ops():
-        for g in complete:
-            full = values[g[0]] = torch.cat([local[r] for r in g])  # type: ignore[index]
-            for r in g:
-                out[r] = full.clone()
-    return _torch.new_local_tensor(out), values
+    return _clone_per_member(complete, lambda g: torch.cat([local[r] for r in g]))  # type: ignore[index]
 
 
 def _reduce_per_group(
@@ -1316,12 +1308,24 @@ def _reduce_per_group(
     first = next(iter(local.values()))
     if not all(t.shape == first.shape and t.dtype == first.dtype for t in local.values()):
         return None  # ranks of different shapes: LocalTensorMode broadcasts into each
+
+    def reduced(g: tuple[int, ...]) -> torch.Tensor:
+        value = torch.empty_like(local[g[0]], memory_format=torch.contiguous_format)
+        return value.copy_(_torch.local_reduce(op, [local[r] for r in g]))
+
+    return _clone_per_member(groups, reduced)
+
+
+def _clone_per_member(
+    groups: Sequence[tuple[int, ...]], value_of: Callable[[tuple[int, ...]], torch.Tensor]
+) -> tuple[Any, dict[int, torch.Tensor]]:
+    """Each group's value computed once, a clone for each member: the members' LocalTensor, and
+    the values by the group's first rank (for the snapshot)."""
     out: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
     with _torch.plain_ops():
         for g in groups:
-            value = values[g[0]] = torch.empty_like(local[g[0]], memory_format=torch.contiguous_format)
-            value.copy_(_torch.local_reduce(op, [local[r] for r in g]))
+            value = values[g[0]] = value_of(g)
             for r in g:
                 out[r] = value.clone()
     return _torch.new_local_tensor(out), values
