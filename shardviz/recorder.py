@@ -448,7 +448,6 @@ class Recorder(_torch.DebugMode):
         self._in_dtensor_op = False
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
         self._group_desc: dict[int, str] = {}  # by id() of the event
-        self._desc_cache: dict[str, str] = {}
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
         # Snapshots that alias a live buffer, by the buffer's storage address: see _alias.
@@ -917,25 +916,16 @@ class Recorder(_torch.DebugMode):
             )
 
     def _groups(self, key: str, group: Any, ranks: Sequence[int]) -> tuple[tuple[int, ...], ...]:
-        # Kept across recordings: a group name is stable for as long as the world group lives. A
-        # new world (sv.use, sv.restart) can reuse the old names for other groups: start afresh.
-        world = _torch.dist.group.WORLD
-        if _GROUP_CACHE_WORLD[0] is not world:
-            _GROUP_CACHE.clear()
-            _GROUP_CACHE_WORLD[0] = world
-        key = (key, self.world_size)  # type: ignore[assignment]
-        cached = _GROUP_CACHE.get(key)
-        if cached is None:
+        def tile() -> tuple[tuple[int, ...], ...]:
             try:
                 first = (
                     _torch.process_group_ranks(group) if group is not None else list(range(self.world_size))
                 )
             except Exception:
                 first = list(range(self.world_size))
-            cached = tuple(tuple(g) for g in _mesh.tile_groups(first, self.world_size))
-            if len(_GROUP_CACHE) > 1024:
-                _GROUP_CACHE.clear()
-            _GROUP_CACHE[key] = cached
+            return tuple(tuple(g) for g in _mesh.tile_groups(first, self.world_size))
+
+        cached = _per_world(("groups", key, self.world_size), tile)
         if len(ranks) == self.world_size:
             return cached
         present = set(ranks)
@@ -956,16 +946,13 @@ class Recorder(_torch.DebugMode):
             )
 
     def _desc(self, key: str, group: Any) -> str:
-        # Per recording: a group name can come back for another mesh's group after sv.use() makes
-        # a new world, whose id() may be the old one's.
-        desc = self._desc_cache.get(key)
-        if desc is None:
+        def describe() -> str:
             try:
-                desc = _torch.process_group_desc(group) if group is not None else ""
+                return _torch.process_group_desc(group) if group is not None else ""
             except Exception:
-                desc = ""
-            self._desc_cache[key] = desc
-        return desc
+                return ""
+
+        return _per_world(("desc", key), describe)
 
     def finish(self) -> None:
         """Compact the event slots into the trace: ids in execution order, no-op backward hops dropped."""
@@ -1033,8 +1020,26 @@ def _mesh_dim(
 
 
 _warned_get_rank = False
-_GROUP_CACHE: dict[Any, tuple[tuple[int, ...], ...]] = {}
-_GROUP_CACHE_WORLD: list[Any] = [None]  # the world group the cache belongs to (held: its id stays its own)
+_PER_WORLD: dict[tuple[Any, ...], Any] = {}
+_PER_WORLD_OWNER: list[Any] = [None]  # the world group _PER_WORLD belongs to (held: its id stays its own)
+
+
+def _per_world(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """What a group name stands for (its rank tiling, its description), kept across recordings
+    for as long as the world group lives. A new world (sv.use, sv.restart) can reuse the old
+    names for other groups, so the cache starts afresh with it."""
+    world = _torch.dist.group.WORLD
+    if _PER_WORLD_OWNER[0] is not world:
+        _PER_WORLD.clear()
+        _PER_WORLD_OWNER[0] = world
+    hit = _PER_WORLD.get(key)
+    if hit is None:
+        if len(_PER_WORLD) > 2048:
+            _PER_WORLD.clear()
+        hit = _PER_WORLD[key] = make()
+    return hit
+
+
 _METADATA_OPS = {
     getattr(packet, o)
     for packet in (torch.ops.aten.sym_size, torch.ops.aten.sym_stride, torch.ops.aten.sym_storage_offset)
