@@ -452,39 +452,30 @@ class UserCallWatch:
 
     def __enter__(self) -> None:
         if not _watches:
-            _install_watch()
+            _swap_watch("wrapper")
         _watches.append(self.callbacks)
 
     def __exit__(self, *exc: object) -> None:
         _watches.remove(self.callbacks)
         if not _watches:
-            _uninstall_watch()
+            _swap_watch("original")
 
 
 _watches: list[tuple[Any, Any, Any]] = []
 _watch_originals: dict[str, Any] = {}
 
 
-def _install_watch() -> None:
+def _swap_watch(which: str) -> None:
+    """Put the watch's ``"wrapper"`` or ``"original"`` functions in place."""
     if not _watch_originals:
         from torch.distributed.tensor._redistribute import DTensorRedistributePlanner
 
         _make_watch_wrappers(DTensorRedistributePlanner)
-    w = _watch_originals
-    planner = w["planner"]
-    DTensor.to_local = w["to_local_wrapper"]  # type: ignore[method-assign]
-    DTensor.from_local = staticmethod(w["from_local_wrapper"])  # type: ignore[method-assign,assignment]
-    dist.get_rank = w["get_rank_wrapper"]
-    planner.stringify_transform_infos = staticmethod(w["stringify_wrapper"])  # type: ignore[method-assign]
-
-
-def _uninstall_watch() -> None:
-    w = _watch_originals
-    planner = w["planner"]
+    w = _watch_originals[which]
     DTensor.to_local = w["to_local"]  # type: ignore[method-assign]
     DTensor.from_local = w["from_local"]  # type: ignore[method-assign]
     dist.get_rank = w["get_rank"]
-    planner.stringify_transform_infos = w["stringify"]  # type: ignore[method-assign]
+    _watch_originals["planner"].stringify_transform_infos = w["stringify"]
 
 
 def _make_watch_wrappers(planner: Any) -> None:
@@ -549,14 +540,18 @@ def _make_watch_wrappers(planner: Any) -> None:
 
     _watch_originals.update(
         planner=planner,
-        to_local=orig_to_local,
-        from_local=orig_from_local,
-        get_rank=orig_get_rank,
-        stringify=orig_stringify,
-        to_local_wrapper=to_local,
-        from_local_wrapper=from_local,
-        get_rank_wrapper=get_rank,
-        stringify_wrapper=stringify_memo,
+        original={
+            "to_local": orig_to_local,
+            "from_local": orig_from_local,  # a staticmethod, as in the class
+            "get_rank": orig_get_rank,
+            "stringify": orig_stringify,
+        },
+        wrapper={
+            "to_local": to_local,
+            "from_local": staticmethod(from_local),
+            "get_rank": get_rank,
+            "stringify": staticmethod(stringify_memo),
+        },
     )
 
 

@@ -1149,10 +1149,13 @@ def _redistribute_layouts(
     caller: FrameType, src: Any, dst: Any, rec: Recorder
 ) -> tuple[Layout | None, Layout | None, tuple[str, ...], tuple[str, ...]]:
     """Layouts before and after, from the DTensor specs in DTensor's own frame or arguments."""
-    # DTensor passes placements; its frame holds the specs. f_locals builds a dict: read it once.
-    names = caller.f_locals if not (hasattr(src, "placements") and hasattr(dst, "placements")) else {}
-    src_spec = src if hasattr(src, "placements") else names.get("current_spec")
-    dst_spec = dst if hasattr(dst, "placements") else names.get("target_spec")
+    src_spec = src if hasattr(src, "placements") else None
+    dst_spec = dst if hasattr(dst, "placements") else None
+    if src_spec is None or dst_spec is None:
+        # DTensor passes placements; its frame holds the specs. f_locals builds a dict: read it once.
+        names = caller.f_locals
+        src_spec = names.get("current_spec") if src_spec is None else src_spec
+        dst_spec = names.get("target_spec") if dst_spec is None else dst_spec
     if src_spec is not None:
         rec._note_mesh(src_spec.mesh)
     # A spec is immutable: the same DTensor redistributed again (a loop, a training step) gives
