@@ -45,8 +45,7 @@ def interleaved(
     rounds: int,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Median time of ``body`` under each context, the contexts taking turns to share the noise,
-    and each context's ratio to the first one: the median of the per-round ratios, so that a
-    round's drift (allocator state, another process) cancels out within the round.
+    and each context's ratio to the first one (``paired``).
 
     Each round runs every context once, in a shuffled order (seeded): a fixed order lets the
     context that runs after another inherit its caches and allocator state. The clock covers
@@ -73,8 +72,13 @@ def interleaved(
             # LocalTensorMode looked 1.3x slower than a recorded run at 128 ranks).
             gc.collect()
     base = times[next(iter(cases))]
-    ratios = {k: statistics.median(t / b for t, b in zip(v, base, strict=True)) for k, v in times.items()}
-    return {k: statistics.median(v) for k, v in times.items()}, ratios
+    return {k: statistics.median(v) for k, v in times.items()}, {k: paired(v, base) for k, v in times.items()}
+
+
+def paired(times: list[float], base: list[float]) -> float:
+    """The median of per-round ratios: a round's drift (allocator state, another process) cancels
+    out within the round."""
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
 
 
 def progress(msg: str) -> None:
@@ -303,13 +307,12 @@ def bench_collectives() -> list[Row]:
                         times[key].append(time.perf_counter() - t)
                         del out
             ours_s, theirs_s = statistics.median(times["ours"]), statistics.median(times["theirs"])
-            paired = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"], strict=True))
             rows.append(
                 (
                     f"{op} of {side}x{side} over {n} ranks, once per group (as recorded)",
                     f"{ours_s * 1e6:.0f} us",
                     f"{theirs_s * 1e6:.0f} us (LocalTensorMode's)",
-                    f"{paired:.2f}x",
+                    f"{paired(times['ours'], times['theirs']):.2f}x",
                 )
             )
     sv.use("local", world_size=4)

@@ -44,6 +44,14 @@ def per_rank(dt):
     return {r: t.clone() for r, t in _torch.local_tensors(dt.to_local()).items()}
 
 
+def assert_same_on_every_rank(bare, recorded, dtype, world):
+    """Bit for bit what bare LocalTensorMode gives, on every rank, in the same dtype."""
+    assert sorted(bare) == sorted(recorded) == list(range(world))
+    for r in bare:
+        assert bare[r].dtype == recorded[r].dtype == dtype
+        assert torch.equal(bare[r], recorded[r]), r
+
+
 def run(mesh, x, src, dst, record: bool):
     """Distribute ``x`` and redistribute it, bare or recorded; each rank's result."""
     if record:
@@ -68,10 +76,8 @@ def test_program_gets_what_bare_local_tensor_mode_gives(mesh_shape, dim, dtype, 
     dst = [Replicate()] * len(mesh_shape)
     bare, _ = run(mesh, x, src, dst, record=False)
     recorded, trace = run(mesh, x, src, dst, record=True)
-    assert sorted(bare) == sorted(recorded) == list(range(mesh.size()))
-    for r in bare:
-        assert bare[r].dtype == recorded[r].dtype == dtype
-        assert torch.equal(bare[r], recorded[r]), r
+    assert_same_on_every_rank(bare, recorded, dtype, mesh.size())
+    for r in recorded:
         assert torch.equal(recorded[r], x), r  # Replicate: every rank holds the whole tensor
     gather = next(c for c in trace.collectives() if c.op == "all_gather")
     assert gather.impl == "_c10d_functional.all_gather_into_tensor"
@@ -179,10 +185,7 @@ def test_all_reduce_gives_what_bare_local_tensor_mode_gives(mesh_shape, dim, op,
 
     bare, _ = partial_to_replicate(mesh, dim, op, noisy, record=False)
     recorded, trace = partial_to_replicate(mesh, dim, op, noisy, record=True)
-    assert sorted(bare) == sorted(recorded) == list(range(mesh.size()))
-    for r in bare:
-        assert bare[r].dtype == recorded[r].dtype == dtype
-        assert torch.equal(bare[r], recorded[r]), r
+    assert_same_on_every_rank(bare, recorded, dtype, mesh.size())
     reduce = trace.collectives()[-1]
     assert reduce.op == "all_reduce" and reduce.impl == "_c10d_functional.all_reduce"
 
