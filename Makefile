@@ -7,10 +7,15 @@ HOST   ?= 127.0.0.1
 # The CPU build of torch; installed first only where the venv has no torch >= 2.13, so a
 # user's newer torch (or a CUDA build they chose) is left alone.
 TORCH  ?= torch==2.13.0
+# The newest torch on the package index, for `make test-compat` in a venv of its own. PyPI's Linux
+# wheels of it are CUDA builds (~3 GB with their libraries); they run on a machine without a GPU.
+TORCH_NEWEST ?= torch==2.15.0
+COMPAT_VENV  ?= .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
 PYTEST_ARGS ?=
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test lint bench notebooks clean
+.PHONY: setup demo test test-compat lint bench notebooks clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +38,19 @@ test: setup
 	$(BIN)/python -m ruff check shardviz tests benchmarks docs
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tests and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit notebooks $(PYTEST_ARGS)
+
+$(COMPAT_STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(COMPAT_VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
+	@echo "installing $(TORCH_NEWEST) into $(COMPAT_VENV) (a CUDA build from PyPI: ~3 GB to download)"
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off "$(TORCH_NEWEST)"
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
+	@rm -f $(COMPAT_VENV)/.installed-*
+	@touch $@
+
 lint: setup
 	$(BIN)/python -m ruff check shardviz tests benchmarks docs
 	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs
@@ -44,4 +62,4 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) build dist .pytest_cache .hypothesis

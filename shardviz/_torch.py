@@ -23,6 +23,7 @@ import torch.distributed as dist
 from .placement import Placement
 
 MIN_TORCH = (2, 13)
+TESTED_UP_TO = (2, 15)  # `make test-compat` runs the suite on this one
 
 _private: dict[str, Any] = {}
 
@@ -42,6 +43,7 @@ _REQUIRED = {
     "storage_use_count": ("torch._C", "_storage_Use_Count"),
     "DisableTorchDispatch": ("torch._C", "_DisableTorchDispatch"),
     "local_reduce": ("torch.distributed._local_tensor._c10d", "_local_reduce"),
+    "local_tensor_module": ("torch.distributed._local_tensor", None),
 }
 
 
@@ -71,8 +73,9 @@ def _load() -> None:
         raise TorchVersionError(
             f"torch {torch.__version__} moved or removed private APIs shardviz relies on: "
             + ", ".join(missing)
-            + f". shardviz is tested with torch {MIN_TORCH[0]}.{MIN_TORCH[1]}; "
-            "install that version or report the torch version at the shardviz issue tracker."
+            + f". shardviz is tested with torch {MIN_TORCH[0]}.{MIN_TORCH[1]} to {TESTED_UP_TO[0]}."
+            f"{TESTED_UP_TO[1]}; install one of those or report the torch version at the shardviz "
+            "issue tracker."
         )
 
 
@@ -84,6 +87,14 @@ LocalIntNode = _private["LocalIntNode"]
 StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
 TorchDispatchMode = _private["TorchDispatchMode"]
+
+# What moved between the torch releases shardviz supports (2.13 to 2.15), detected rather than
+# read off the version number, so that a backport or a nightly behaves as what it is:
+# - 2.14 made LocalTensorMode patch ``dist.get_rank`` to return a per-rank SymInt (0 on every
+#   rank before);
+# - 2.14 keyed LocalTensorMode's mesh-coordinate cache by (ndim, rank map, layout) instead of
+#   ``id(mesh)`` (see ``reuse_local_mode``).
+GET_RANK_PER_RANK = "get_rank" in getattr(_private["local_tensor_module"], "_PATCHED_DIST_FUNCTIONS", ())
 
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
@@ -252,11 +263,17 @@ def known_mesh_infos() -> list[MeshInfo]:
 
 
 def reuse_local_mode(mode: Any) -> None:
-    """Prepare a LocalTensorMode for another entry: keep its cached mesh coordinates only for
-    meshes known to be alive (the cache is keyed by ``id(mesh)``, which a new mesh can reuse)."""
+    """Prepare a LocalTensorMode for another entry, keeping its cached mesh coordinates.
+
+    torch 2.13 keys that cache by ``id(mesh)``, which a new mesh can reuse: those entries are kept
+    only for meshes known to be alive. From 2.14 on the key is what the coordinates are computed
+    from (ndim, flattened rank map, layout), so every entry stays true and is kept: dropping them
+    would cost a 256-rank redistribute seconds per cell, and make a ``torch.compile`` trace
+    recompute them on fake tensors, which fails.
+    """
     cache = getattr(mode, "_coordinate_cache", None)
     if isinstance(cache, dict):
-        for key in [k for k in cache if _live_meshes.get(k) is None]:
+        for key in [k for k in cache if isinstance(k, int) and _live_meshes.get(k) is None]:
             del cache[key]
 
 
@@ -472,6 +489,10 @@ def _swap_watch(which: str) -> None:
 
         _make_watch_wrappers(DTensorRedistributePlanner)
     w = _watch_originals[which]
+    if which == "wrapper":
+        # The get_rank underneath is whatever is in place now: from torch 2.14 on, LocalTensorMode
+        # has patched in its per-rank one when the recording opens, and restores the real one after.
+        _watch_originals["original"]["get_rank"] = dist.get_rank
     DTensor.to_local = w["to_local"]  # type: ignore[method-assign]
     DTensor.from_local = w["from_local"]  # type: ignore[method-assign]
     dist.get_rank = w["get_rank"]
@@ -504,7 +525,7 @@ def _make_watch_wrappers(planner: Any) -> None:
     def get_rank(*args: Any, **kwargs: Any) -> Any:
         for _, _, on_get_rank in list(_watches):
             on_get_rank(sys._getframe(1))
-        return orig_get_rank(*args, **kwargs)
+        return _watch_originals["original"]["get_rank"](*args, **kwargs)
 
     @functools.wraps(stringify)
     def stringify_memo(

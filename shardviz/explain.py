@@ -115,8 +115,9 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
                     )
                 return explain(
                     error,
-                    "shardviz: this is a known LocalTensorMode bug in torch 2.13: when ranks already hold "
-                    "shards of different shapes (uneven sharding on an earlier mesh dim), aten.split pads "
+                    "shardviz: this is a known LocalTensorMode bug (torch 2.13 to 2.15): when ranks "
+                    "already hold shards of different shapes (uneven sharding on an earlier mesh dim), "
+                    "aten.split pads "
                     "missing chunks with the wrong shape, so the simulated scatter fails"
                     + (f" (chunk shapes {shapes})" if shapes else "")
                     + ". Work around it: pass src_data_rank=None to distribute_tensor (every rank slices "
@@ -126,7 +127,7 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     if any("/torch/distributed/fsdp/" in f for f in files):
         return explain(
             error,
-            "shardviz: FSDP2 (fully_shard) does not run under LocalTensorMode in torch 2.13: it frees "
+            "shardviz: FSDP2 (fully_shard) does not run under LocalTensorMode (torch 2.13 to 2.15): it frees "
             "and re-allocates parameter storage in ways the simulated tensors do not support. Run FSDP2 "
             "on real process groups (sv.use('gloo', world_size=N), then a %%spmd cell). In the simulator, "
             "show what fully_shard does with DTensor itself: each parameter becomes "
@@ -135,11 +136,23 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     if compiled:
         return explain(
             error,
-            "shardviz: this torch.compile failed under the simulation. On torch 2.13, compiled DTensor "
-            'code runs under LocalTensorMode with backend="eager" or backend="aot_eager"; inductor needs '
+            "shardviz: this torch.compile failed under the simulation. Compiled DTensor code runs "
+            'under LocalTensorMode with backend="eager" or backend="aot_eager"; inductor needs '
             "real tensor storage, which the simulated per-rank tensors do not have. Use "
             'torch.compile(fn, backend="aot_eager") inside sv.record() / %%spmd, run the function '
             "eagerly, or compile it on real ranks: sv.use('gloo', world_size=N).",
+        )
+    if isinstance(error, AttributeError) and "'LocalIntNode' object has no attribute" in msg:
+        # torch >= 2.14: dist.get_rank() (like a mesh coordinate) is a per-rank SymInt in the
+        # simulation, and turning it into one Python int fails with this bare AttributeError.
+        return explain(
+            error,
+            "shardviz: a per-rank value (dist.get_rank(), a mesh coordinate or local rank) was used "
+            "where Python needs one plain int: a list index, int(), float(), range() or torch.tensor(). "
+            "In the simulation every rank runs the same Python line at once, so it cannot take a "
+            "different int on each. Tensor arithmetic with it works per rank "
+            "(torch.ones(2) * dist.get_rank()); for anything else write "
+            "sv.per_rank(lambda rank: x.chunk(n)[rank]), which calls your function with each rank.",
         )
     if isinstance(error, RuntimeError) and "Mesh should not be bigger than default world size" in msg:
         return explain(

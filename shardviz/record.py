@@ -79,9 +79,10 @@ def run(fn: Callable[..., Any], *args: Any, values: str | int = DEFAULT_VALUE_BU
 def per_rank(fn: Callable[[int], Any]) -> Any:
     """A tensor whose value on each rank is ``fn(rank)``: for rank-dependent code.
 
-    In the simulator ``dist.get_rank()`` is 0 on every rank, so ``x.chunk(n)[dist.get_rank()]``
-    gives every rank chunk 0; ``sv.per_rank(lambda r: x.chunk(n)[r])`` gives each rank its own.
-    ``fn`` runs once per rank on plain tensors.
+    In the simulator Python cannot branch or index on ``dist.get_rank()`` (0 on every rank on
+    torch 2.13; from 2.14 a per-rank value that ``int()`` and list indexing refuse), so
+    ``x.chunk(n)[dist.get_rank()]`` does not give each rank its chunk;
+    ``sv.per_rank(lambda r: x.chunk(n)[r])`` does. ``fn`` runs once per rank on plain tensors.
     """
     if not callable(fn):
         raise TypeError(f"sv.per_rank needs a callable taking the rank, got {type(fn).__name__}")

@@ -512,13 +512,7 @@ class Recorder(_torch.DebugMode):
         if self.rank is not None or _warned_get_rank or _is_library(caller):
             return
         _warned_get_rank = True
-        warnings.warn(
-            "dist.get_rank() is 0 on every simulated rank, so rank-dependent code (like "
-            "x.chunk(n)[dist.get_rank()]) gives every rank rank 0's part. Write it with "
-            "sv.per_rank(lambda rank: x.chunk(n)[rank]). (shardviz warns about this once.)",
-            SimulationWarning,
-            stacklevel=3,
-        )
+        warnings.warn(GET_RANK_WARNING, SimulationWarning, stacklevel=3)
 
     def _track(self, t: Any) -> None:
         for x in _flatten(t):
@@ -1020,6 +1014,23 @@ def _mesh_dim(
 
 
 _warned_get_rank = False
+
+# What dist.get_rank() gives in the simulation depends on the torch release (see _torch).
+GET_RANK_WARNING = (
+    (
+        "dist.get_rank() is a per-rank value in the simulation: tensor arithmetic with it runs per "
+        "rank (torch.ones(2) * dist.get_rank() holds each rank's own number), but Python cannot "
+        "branch, index or convert on it: `if dist.get_rank() == 0:` is False on every rank unless all "
+        "ranks agree, and x.chunk(n)[dist.get_rank()], int(...) and float(...) fail. Write "
+        "rank-dependent Python with sv.per_rank(lambda rank: x.chunk(n)[rank])."
+    )
+    if _torch.GET_RANK_PER_RANK
+    else (
+        "dist.get_rank() is 0 on every simulated rank, so rank-dependent code (like "
+        "x.chunk(n)[dist.get_rank()]) gives every rank rank 0's part. Write it with "
+        "sv.per_rank(lambda rank: x.chunk(n)[rank])."
+    )
+) + " (shardviz warns about this once.)"
 _PER_WORLD: dict[tuple[Any, ...], Any] = {}
 _PER_WORLD_OWNER: list[Any] = [None]  # the world group _PER_WORLD belongs to (held: its id stays its own)
 
@@ -1195,7 +1206,7 @@ _LAYOUTS: dict[
 
 def _emulate_gather(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
     """c10d gather, which LocalTensorMode refuses as MPMD: the root's list receives each member's
-    tensor. (In the simulator every rank passes the list, since dist.get_rank() is 0.)"""
+    tensor. (In the simulator every rank passes the list: Python cannot branch on the rank.)"""
     outs = bound["output_tensors"][0] if bound["output_tensors"] else []
     inp = bound["input_tensors"][0]
     root = int(bound["root_rank"])
@@ -1530,9 +1541,9 @@ def _plain_tensor_error(op: str, impl: str) -> PlainTensorCollectiveError:
     if strided:
         msg = (
             "distribute_tensor with a _StridedShard placement scatters a replicated plain tensor "
-            "under the simulation; torch 2.13's LocalTensorMode then skips the scatter and every rank "
-            "would get the wrong chunk. Pass src_data_rank=None to distribute_tensor (each rank slices "
-            "the global tensor itself). Details: " + msg
+            "under the simulation; LocalTensorMode (torch 2.13 to 2.15) then skips the scatter and "
+            "every rank would get the wrong chunk. Pass src_data_rank=None to distribute_tensor (each "
+            "rank slices the global tensor itself). Details: " + msg
         )
     return PlainTensorCollectiveError(msg)
 

@@ -101,6 +101,24 @@ def test_dtensors_stay_usable_in_later_blocks():
     assert torch.equal(full.reconcile(), torch.arange(8.0))
 
 
+def test_mesh_coordinates_are_kept_from_cell_to_cell():
+    # Recomputing them costs ~N^2 small ops per mesh (seconds at 256 ranks), and a torch.compile
+    # trace that has to recompute them fails. torch 2.13 keys the cache by id(mesh), 2.14 on by
+    # the mesh's rank map and layout: a live mesh's entries must survive either way.
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        distribute_tensor(torch.arange(8.0), mesh, [Shard(0), Shard(0)])
+        tp = mesh["tp"]
+        distribute_tensor(torch.arange(8.0), tp, [Shard(0)])
+    cache = backends.current()._mode._coordinate_cache
+    kept = dict(cache)
+    assert len(kept) >= 2  # the mesh and its tp slice
+    with sv.record():
+        pass
+    assert all(cache.get(k) is v for k, v in kept.items())
+
+
 def test_mesh_smaller_than_world_is_explained():
     sv.use("local", world_size=4)
     with pytest.raises(AssertionError, match=r"covers 2 ranks, but the simulation runs 4") as e, sv.record():

@@ -115,7 +115,7 @@ def test_subgroup_call_and_value_policies():
     for policy, kept in (("all", True), ("none", False), (0, False)):
         with sv.record(values=policy) as trace:
             local = sv.per_rank(lambda r: src + 10 * r)
-            out = funcol.wait_tensor(funcol.all_gather_tensor(local, 0, tp))
+            out = funcol.wait_tensor(funcol.all_gather_single(local, 0, tp))
         gather = trace.collectives()[-1]
         assert gather.groups == ((0, 1), (2, 3))
         got = {r: v.clone() for r, v in _torch.local_tensors(out).items()}

@@ -55,12 +55,23 @@ def test_custom_sharded_dot_product_is_traced_end_to_end(mesh4):
     assert red.outputs[0].values.item() == torch.dot(a0, b0).item()
 
 
+# From torch 2.14 on LocalTensorMode patches dist.get_rank to give each rank its own number.
+GET_RANK_PER_RANK = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14)
+
+
 def test_get_rank_in_the_simulation_warns_once_and_points_to_per_rank(mesh4):
     from shardviz import recorder
 
     recorder._warned_get_rank = False
-    with pytest.warns(SimulationWarning, match=r"sv\.per_rank"), sv.record():
-        assert dist.get_rank() == 0
+    with pytest.warns(SimulationWarning, match=r"sv\.per_rank") as caught, sv.record():
+        scaled = torch.ones(2) * dist.get_rank()
+    text = str(caught[0].message)
+    if GET_RANK_PER_RANK:
+        assert "per-rank value" in text and "0 on every" not in text
+        assert {r: t.tolist() for r, t in scaled._local_tensors.items()} == {r: [r, r] for r in range(4)}
+    else:
+        assert "0 on every simulated rank" in text
+        assert scaled.tolist() == [0.0, 0.0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with sv.record():
@@ -71,6 +82,21 @@ def test_get_rank_in_the_simulation_warns_once_and_points_to_per_rank(mesh4):
         warnings.simplefilter("error")
         with sv.record():
             distribute_tensor(torch.arange(4.0), mesh4, [Shard(0)])
+    # Outside the simulation dist.get_rank() is the fake process group's own again: a plain 0.
+    assert type(dist.get_rank()) is int and dist.get_rank() == 0
+
+
+def test_python_use_of_the_simulated_rank_is_explained(mesh4):
+    x = torch.arange(8.0)
+    if GET_RANK_PER_RANK:
+        # A per-rank value where Python needs one int: torch's bare AttributeError, explained.
+        with pytest.raises(AttributeError, match=r"sv\.per_rank\(lambda rank"), sv.record():
+            x.chunk(4)[dist.get_rank()]
+    else:
+        with warnings.catch_warnings(), sv.record():
+            warnings.simplefilter("ignore", SimulationWarning)
+            mine = x.chunk(4)[dist.get_rank()]
+        assert mine.tolist() == [0.0, 1.0]  # rank 0's chunk, on every rank
 
 
 def test_rank_dependent_chunks_with_per_rank(mesh4):
