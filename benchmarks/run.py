@@ -463,6 +463,54 @@ def bench_views() -> list[Row]:
     return rows
 
 
+def bench_llama() -> list[Row]:
+    """A whole training step of a torchtitan-style Llama (2 layers, TP + sequence parallel on the
+    tp slice of a (dp=2, tp=4) mesh, 8 ranks): forward, backward and an SGD step."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardviz.examples.llama import ModelArgs, Transformer, parallelize
+
+    torch.set_num_threads(1)
+    progress("recording overhead: Llama-style training step on 8 ranks")
+    sv.use("local", world_size=8)
+    torch.manual_seed(0)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        model = parallelize(Transformer(ModelArgs()), mesh["tp"])
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        tokens = torch.randint(0, 128, (2, 16))
+
+    def step() -> object:
+        loss = model(tokens).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    backend = sv.backends.current()
+    cases = {
+        "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
+        'sv.record(values="none")': lambda: sv.record(values="none"),
+        "sv.record() (default value policy)": lambda: sv.record(),
+    }
+    med, ratio = interleaved(cases, step, rounds=12)
+    base = med["bare LocalTensorMode"]
+    targets = {
+        'sv.record(values="none")': " (target <= 1.10)",
+        "sv.record() (default value policy)": " (target <= 1.25)",
+    }
+    return [
+        (
+            f"Llama step under {k}{targets.get(k, '')}",
+            f"{v * 1e3:.0f} ms",
+            f"{base * 1e3:.0f} ms (bare)",
+            f"{ratio[k]:.2f}x",
+        )
+        for k, v in med.items()
+        if k != "bare LocalTensorMode"
+    ]
+
+
 # Traits every ipywidget has (layout, tabbable, ...): not part of a view's own payload.
 _WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
 
@@ -470,6 +518,7 @@ _WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
 SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
+    "llama": bench_llama,
     "scale": bench_scale,
     "collectives": bench_collectives,
     "memory": bench_memory,

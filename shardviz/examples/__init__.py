@@ -1,0 +1,1 @@
+"""Small models shaped like real training code, for notebooks, tests and benchmarks."""
