@@ -149,7 +149,59 @@ def bench_geometry() -> list[Row]:
             f"{p / lo:.2f}x",
         )
     )
+    rows.append(_model_map_row())
     return rows
+
+
+def _llama_layouts(layers: int = 32, d: int = 4096, ff: int = 14336, vocab: int = 128256) -> dict[str, Any]:
+    """A 32-layer Llama-3-8B-style model's parameters as pure geometry on (pp, dp, tp) = (8, 8, 8):
+    FSDP Shard(0) over dp, Colwise Shard(0) / Rowwise Shard(1) over tp, norms replicated on tp."""
+    mesh, names = (8, 8, 8), ("pp", "dp", "tp")
+
+    def lay(shape: tuple[int, ...], tp: str) -> Any:
+        return sv.layout(shape, mesh, ["R", "S(0)", tp], names, dtype="bfloat16")
+
+    out = {"tok_embeddings.weight": lay((vocab, d), "S(1)")}
+    for i in range(layers):
+        p = f"layers.{i}."
+        for name, shape, tp in [
+            ("attention.wq", (d, d), "S(0)"),
+            ("attention.wk", (d // 4, d), "S(0)"),
+            ("attention.wv", (d // 4, d), "S(0)"),
+            ("attention.wo", (d, d), "S(1)"),
+            ("feed_forward.w1", (ff, d), "S(0)"),
+            ("feed_forward.w2", (d, ff), "S(1)"),
+            ("feed_forward.w3", (ff, d), "S(0)"),
+            ("attention_norm", (d,), "R"),
+            ("ffn_norm", (d,), "R"),
+        ]:
+            out[f"{p}{name}.weight"] = lay(shape, tp)
+    out["norm.weight"] = lay((d,), "R")
+    out["output.weight"] = lay((vocab, d), "S(0)")
+    return out
+
+
+def _model_map_row() -> Row:
+    """sv.model_map of the 32-layer model on 512 ranks (target < 1 s), from scratch (layout memo
+    cleared), against computing its distinct layouts alone."""
+    progress("model map of a 32-layer Llama on 512 ranks")
+
+    def whole() -> object:
+        _layout_memo.cache_clear()
+        return sv.model_map(_llama_layouts(), world_size=512)
+
+    def layouts_only() -> object:
+        _layout_memo.cache_clear()
+        return _llama_layouts()
+
+    w, lo = median_seconds(whole, 5), median_seconds(layouts_only, 5)
+    m = whole()
+    return (
+        f"sv.model_map of a 32-layer Llama ({len(m.rows)} params), (8,8,8) mesh, 512 ranks (target < 1 s)",
+        f"{w * 1e3:.0f} ms",
+        f"{lo * 1e3:.0f} ms (its {len(m.layouts)} distinct layouts alone)",
+        f"{w / lo:.2f}x",
+    )
 
 
 # --- recording overhead ----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from .backends import use as _use
 from .compare import compare
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
+from .model import ModelMap, model_map
 from .placement import Placement
 from .plan import plan
 from .record import last_trace, per_rank, record, run
@@ -26,6 +27,7 @@ __all__ = [
     "CollectiveEvent",
     "Event",
     "Layout",
+    "ModelMap",
     "OpEvent",
     "Placement",
     "RedistributeEvent",
@@ -41,6 +43,7 @@ __all__ = [
     "layout",
     "load",
     "load_ipython_extension",
+    "model_map",
     "per_rank",
     "plan",
     "play",

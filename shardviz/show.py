@@ -25,6 +25,8 @@ from .trace import Event, Trace
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from .model import ModelMap
+    from .views.model_view import ModelWidget
     from .views.player import PlayerWidget
     from .views.widgets import LayoutWidget
 
@@ -32,18 +34,24 @@ _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
 _VIEW_OPTIONS = ("dims", "index", "heatmap", "title")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
 _PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
+_MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
+_MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 
 
-def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget:
+def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget:
     """The layout view of a DTensor, a LocalTensor or a Layout, or the collective player of a
     Trace (or of one event), as a notebook widget.
 
     Layout options: ``dims=(rows, cols)`` (tensors of 3+ dims), ``index`` (slider positions),
     ``heatmap``, ``title``, ``selected`` (a rank), and for a Layout ``values={rank: array}``.
-    Player options: see :func:`play`.
+    Player options: see :func:`play`. An ``nn.Module`` (or a ModelMap from ``sv.model_map``) is
+    drawn as its model map: options ``optimizer``, ``world_size``, ``rank``, ``selected`` (a
+    tensor's name: its layout opens), ``title``.
     """
     if isinstance(obj, Trace | Event):
         return _player(obj, "sv.show", options)
+    if _is_model(obj):
+        return _model_widget(obj, "sv.show", options)
     layout, values, extra = _plain(obj, "sv.show", options)
     return show_layout(layout, values, **{**extra, **options})
 
@@ -87,6 +95,12 @@ def plot(obj: Any, **options: Any) -> Figure:
     if isinstance(obj, Event):
         _check_options("sv.plot", options, ("title", "trace"))
         return plot_event(obj, options.pop("trace", None), **options)
+    if _is_model(obj):
+        from .views.mpl import plot_model_map
+
+        _check_options("sv.plot", options, (*_MAP_OPTIONS, "stack", "title"))
+        view = {k: options.pop(k) for k in ("stack", "title") if k in options}
+        return plot_model_map(_model_map(obj, options), **view)
     layout, values, extra = _plain(obj, "sv.plot", options)
     extra.pop("values_note", None)
     opts = {**extra, **options}
@@ -110,6 +124,12 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
             return player.export_html(path, values_budget=budget)
         finally:
             player.close()
+    if _is_model(obj):
+        model_widget = _model_widget(obj, "sv.export_html", options)
+        try:
+            return model_widget.export_html(path, values_budget=budget)
+        finally:
+            model_widget.close()
     layout, values, extra = _plain(obj, "sv.export_html", options)
     widget = show_layout(layout, values, **{**extra, **options})
     try:
@@ -119,6 +139,31 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
 
 
 # ---- torch -> plain data ------------------------------------------------------------------------
+
+
+def _is_model(obj: Any) -> bool:
+    from .model import ModelMap
+
+    return isinstance(obj, ModelMap | torch.nn.Module)
+
+
+def _model_map(obj: Any, options: dict[str, Any]) -> ModelMap:
+    """A ModelMap as given, or built from a module with the map options (popped)."""
+    from .model import ModelMap, model_map
+
+    opts = {k: options.pop(k) for k in _MAP_OPTIONS if k in options}
+    if isinstance(obj, ModelMap):
+        if opts:
+            raise TypeError(f"{sorted(opts)} build a model map from a module; this ModelMap is already built")
+        return obj
+    return model_map(obj, **opts)
+
+
+def _model_widget(obj: Any, who: str, options: dict[str, Any]) -> ModelWidget:
+    from .views.model_view import ModelWidget
+
+    _check_options(who, options, _MODEL_OPTIONS)
+    return ModelWidget(_model_map(obj, options), **options)
 
 
 def _plain(

@@ -271,7 +271,7 @@ class ShowMarker:
         return {"text/plain": f"<shardviz show #{self.id}>", SHOW_MIME: {"id": self.id}}
 
 
-def show(obj: Any, **options: Any) -> ShowMarker:
+def show(obj: Any, **options: Any) -> Any:
     """``sv.show`` inside a ``%%spmd`` cell: keep this rank's layout and shard (on the CPU) for the
     client, which gathers every rank's and draws the widget in the notebook."""
     from ..layout import Layout
@@ -298,6 +298,12 @@ def show(obj: Any, **options: Any) -> ShowMarker:
             "options": options,
         }
         return ShowMarker(mid)
+    if isinstance(obj, torch.nn.Module):
+        # The model map is plain data, the same on every rank: it travels back as the cell's
+        # value (or displays as its text table); sv.show(map) in an ordinary cell draws the widget.
+        from ..model import model_map
+
+        return model_map(obj, **options)
     if _torch.is_dtensor(obj):
         layout = compute_layout(**_torch.dtensor_geometry(obj))
         values: np.ndarray | None = _numpy(obj.to_local())
