@@ -238,6 +238,40 @@ def mesh_info(mesh: Any) -> MeshInfo:
     return info
 
 
+MeshGroups = tuple[tuple[int, ...], ...]
+_mesh_groups: dict[int, tuple[weakref.ReferenceType[Any], MeshGroups]] = {}
+
+
+def mesh_groups(mesh: Any) -> MeshGroups:
+    """Every instance of a DeviceMesh in its world, each as global ranks in row-major order: one
+    instance for a whole-world mesh, several for a sub-mesh (a slice or a flatten of a larger mesh:
+    ``mesh["tp"]`` on a (2, 4) mesh gives ``((0, 1, 2, 3), (4, 5, 6, 7))``). Cached per mesh.
+
+    ``mesh.mesh`` holds one instance only (rank 0's in the simulator, the calling rank's on a real
+    backend); the mesh's CuTe layout over the root's rank map (``_layout``, ``_flatten_rank_map``,
+    torch >= 2.13) lists them all, the same on every rank. A mesh without them gives its own.
+    """
+    hit = _mesh_groups.get(id(mesh))
+    if hit is not None and hit[0]() is mesh:
+        return hit[1]
+    groups: MeshGroups | None = None
+    layout = getattr(mesh, "_layout", None)
+    flat = getattr(mesh, "_flatten_rank_map", None)
+    if layout is not None and flat is not None and hasattr(layout, "remap_to_tensor"):
+        try:
+            with no_dispatch():
+                full = layout.remap_to_tensor(torch.tensor([int(r) for r in flat], dtype=torch.int64))
+                groups = tuple(tuple(int(r) for r in g) for g in full.reshape(full.shape[0], -1).tolist())
+        except Exception:  # a layout torch itself cannot map: the mesh's own instance
+            groups = None
+    if not groups or len(groups[0]) != len(mesh_info(mesh)[2]):
+        groups = (mesh_info(mesh)[2],)
+    with contextlib.suppress(TypeError):
+        key = id(mesh)
+        _mesh_groups[key] = (weakref.ref(mesh, lambda _, key=key: _mesh_groups.pop(key, None)), groups)
+    return groups
+
+
 # Meshes seen alive, by id: their coordinates may be reused across simulated cells, and their
 # dims name the groups of later collectives. Weak values: a dead mesh's id can be reused.
 _live_meshes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -297,13 +331,16 @@ def spec_geometry(spec: Any) -> dict[str, Any] | None:
 
 def _spec_fields(spec: Any, shape: Any, dtype: torch.dtype) -> dict[str, Any]:
     mesh_shape, names, ranks = mesh_info(spec.mesh)
+    groups = mesh_groups(spec.mesh)
+    # A sub-mesh is laid out over every instance, group 0 first, the same on every rank.
     return {
         "global_shape": tuple(int(s) for s in shape),
         "dtype": dtype_name(dtype),
         "mesh_shape": mesh_shape,
         "mesh_dim_names": names,
-        "mesh_ranks": ranks,
+        "mesh_ranks": groups[0] if len(groups) > 1 else ranks,
         "placements": placements_str(spec.placements),
+        "groups": groups if len(groups) > 1 else None,
     }
 
 
@@ -418,6 +455,11 @@ class ModuleStack:
             self._spans.append((start, end, name))
 
     def current(self) -> str | None:
+        if _fsdp_used:
+            owner = _fsdp_owner(sys._getframe(1))
+            name = self._names.get(owner) if owner is not None else None  # named once its model ran
+            if name is not None:
+                return name
         if in_backward():
             node = torch._C._current_autograd_node()
             return self._backward_owner(node._sequence_nr()) if node is not None else None
@@ -600,6 +642,101 @@ def fake_work() -> Any:
     from torch._C._distributed_c10d import FakeWork
 
     return dist.distributed_c10d.Work.boxed(FakeWork())
+
+
+# --- FSDP2 in the simulation ------------------------------------------------------------------
+# FSDP2 (fully_shard) fails under LocalTensorMode for two reasons, the same on torch 2.13 to 2.15:
+# 1. It frees and re-allocates the all-gather output behind each unsharded parameter with
+#    ``untyped_storage().resize_()``. A LocalTensor is a wrapper whose storage has no data, which
+#    torch calls "an invalid python storage" and refuses to resize; each rank's tensor can be.
+# 2. It cuts each parameter with ``chunks[shard_process_group.rank()]``: on the fake process group
+#    that is 0 for every simulated rank, so every rank would silently hold shard 0. Each rank's
+#    shard is rewritten with the chunk at its own coordinate on the shard mesh dim.
+_FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
+_FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_fsdp_used = False  # set once fully_shard ran in the simulation: only then are frames searched
+
+
+def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
+    """The module whose FSDP parameter group issues what is running (its all-gather, its
+    reduce-scatter), found on the stack: FSDP runs them from hooks of other modules (the next
+    layer's pre-backward re-gathers this one) and from the autograd engine's callbacks."""
+    while frame is not None and depth:
+        if frame.f_code.co_filename.endswith("_fsdp_param_group.py"):
+            modules = getattr(frame.f_locals.get("self"), "modules", None)
+            if modules:
+                return modules[0]
+        frame, depth = frame.f_back, depth - 1
+    return None
+
+
+def _per_rank_storage(original: Any) -> Any:
+    @functools.wraps(original)
+    def resize(tensor: torch.Tensor) -> None:
+        for t in tensor._local_tensors.values() if isinstance(tensor, LocalTensor) else (tensor,):
+            original(t)
+
+    return resize
+
+
+def _per_rank_shards(original: Any) -> Any:
+    @functools.wraps(original)
+    def init_sharded_param(self: Any, param: Any, *args: Any, **kwargs: Any) -> None:
+        mode = active_local_mode()
+        local = param._local_tensor if isinstance(param, DTensor) else param
+        if mode is not None and not isinstance(local, LocalTensor) and not local.is_meta:
+            # Made outside the simulation: one tensor that every rank starts from.
+            data = LocalTensor({r: local.detach() for r in sorted(mode.ranks)})
+            if isinstance(param, DTensor):
+                data = DTensor.from_local(
+                    data, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                )
+            param = torch.nn.Parameter(data, requires_grad=param.requires_grad)
+        global _fsdp_used
+        _fsdp_used = True
+        original(self, param, *args, **kwargs)
+        shards = self._sharded_param_data
+        info = self.mesh_info
+        if mode is None or not isinstance(shards, LocalTensor) or not hasattr(info, "shard_mesh_dim"):
+            return  # not simulated, or nothing sharded (replicate-only)
+        coord = info.mesh.get_local_rank(info.shard_mesh_dim)  # per rank, as the mode patches it
+        full = param._local_tensor if isinstance(param, DTensor) else param
+        dim, size = self.fsdp_placement.dim, info.shard_mesh_size
+        with mode.disable(), torch.no_grad():
+            for r, buf in shards._local_tensors.items():
+                src = full._local_tensors[r] if isinstance(full, LocalTensor) else full
+                chunks = torch.chunk(src.detach(), size, dim=dim)
+                c = symint_at_rank(coord, r)
+                # Written at the front of the zero-padded buffer, as FSDP pads a short shard.
+                padded = buf.view(self.padded_sharded_param_size)
+                padded.zero_()
+                if c < len(chunks) and chunks[c].numel():
+                    padded.narrow(dim, 0, chunks[c].size(dim)).copy_(chunks[c])
+
+    return init_sharded_param
+
+
+@contextlib.contextmanager
+def fsdp_in_simulation() -> Iterator[None]:
+    """FSDP2 made to run per simulated rank while the simulation runs (see above); torch's own
+    functions are back in place outside it, so real process groups never see the change."""
+    # Checked here rather than at import: a torch that moved FSDP2's internals loses FSDP2 in the
+    # simulation (its error is then explained), not shardviz.
+    try:
+        fp, fpg = importlib.import_module(_FSDP_PARAM), importlib.import_module(_FSDP_GROUP)
+        init = fp.FSDPParam.__dict__["_init_sharded_param"]
+        saved = (fp.alloc_storage, fp.free_storage, fpg.alloc_storage, init)
+    except (ImportError, AttributeError, KeyError):
+        yield
+        return
+    fp.alloc_storage = fpg.alloc_storage = _per_rank_storage(saved[0])
+    fp.free_storage = _per_rank_storage(saved[1])
+    fp.FSDPParam._init_sharded_param = _per_rank_shards(saved[3])
+    try:
+        yield
+    finally:
+        fp.alloc_storage, fp.free_storage, fpg.alloc_storage = saved[:3]
+        fp.FSDPParam._init_sharded_param = saved[3]
 
 
 @contextlib.contextmanager

@@ -127,11 +127,10 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     if any("/torch/distributed/fsdp/" in f for f in files):
         return explain(
             error,
-            "shardviz: FSDP2 (fully_shard) does not run under LocalTensorMode (torch 2.13 to 2.15): it frees "
-            "and re-allocates parameter storage in ways the simulated tensors do not support. Run FSDP2 "
-            "on real process groups (sv.use('gloo', world_size=N), then a %%spmd cell). In the simulator, "
-            "show what fully_shard does with DTensor itself: each parameter becomes "
-            "distribute_tensor(param, mesh, [Shard(0)]) and is all-gathered before use.",
+            "shardviz: FSDP2 (fully_shard) failed under the simulation. shardviz runs FSDP2 per "
+            "simulated rank (FSDP, HSDP and FSDP + TP: forward, backward and optimizer steps); "
+            "options beyond those (CPU offload, mixed precision, resharding to a smaller mesh) are not "
+            "covered. Run this on real process groups: sv.use('gloo', world_size=N), then a %%spmd cell.",
         )
     if compiled:
         return explain(

@@ -9,6 +9,7 @@ come out exactly as DTensor makes them; ``_StridedShard`` produces non-contiguou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,11 @@ Runs = list[tuple[int, int]]
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """What one rank holds: its mesh coordinate and the global elements of its local tensor."""
+    """What one rank holds: its mesh coordinate and the global elements of its local tensor.
+
+    ``group`` is the instance of a sub-mesh the rank belongs to (an index into ``Layout.groups``;
+    always 0 on a whole-world mesh).
+    """
 
     rank: int
     coord: tuple[int, ...]
@@ -31,6 +36,7 @@ class ShardInfo:
     shape: tuple[int, ...]
     indices: tuple[tuple[range, ...], ...]
     partial: bool = False
+    group: int = 0
 
     @property
     def empty(self) -> bool:
@@ -49,7 +55,14 @@ class ShardInfo:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """The geometry of a distributed tensor: one ShardInfo per rank of the mesh."""
+    """The geometry of a distributed tensor: one ShardInfo per rank that holds it.
+
+    ``mesh_ranks`` are the global ranks of the mesh in row-major order. A sub-mesh (a slice or a
+    flatten of a larger mesh, such as ``mesh["tp"]``) exists once per group of ranks: ``groups``
+    lists every instance's global ranks in row-major order (``groups[0] == mesh_ranks``), and
+    ``shards`` holds every rank of every instance, instance by instance, each with its ``group``.
+    ``groups`` is empty for a mesh that exists once (a whole-world mesh).
+    """
 
     global_shape: tuple[int, ...]
     dtype: str
@@ -58,10 +71,35 @@ class Layout:
     placements: tuple[str, ...]
     shards: tuple[ShardInfo, ...]
     mesh_ranks: tuple[int, ...] = field(default=())
+    groups: tuple[tuple[int, ...], ...] = field(default=())
 
     @property
     def world_size(self) -> int:
+        """How many ranks hold the tensor (every instance of a sub-mesh counted)."""
         return len(self.shards)
+
+    @property
+    def instances(self) -> tuple[tuple[int, ...], ...]:
+        """Each instance's global ranks: ``groups``, or the one mesh's ranks."""
+        return self.groups or (self.mesh_ranks or self.ranks,)
+
+    def group_layout(self, group: int) -> Layout:
+        """The Layout of one instance of a sub-mesh alone (this layout itself when there is one)."""
+        if not self.groups:
+            if group != 0:
+                raise IndexError(f"group {group}: this layout's mesh exists once (group 0)")
+            return self
+        if not 0 <= group < len(self.groups):
+            raise IndexError(f"group {group}: this sub-mesh has groups 0..{len(self.groups) - 1}")
+        return Layout(
+            global_shape=self.global_shape,
+            dtype=self.dtype,
+            mesh_shape=self.mesh_shape,
+            mesh_dim_names=self.mesh_dim_names,
+            placements=self.placements,
+            shards=tuple(s for s in self.shards if s.group == group),
+            mesh_ranks=self.groups[group],
+        )
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -94,17 +132,19 @@ class Layout:
 
     def __repr__(self) -> str:
         names = f", mesh_dim_names={self.mesh_dim_names}" if self.mesh_dim_names else ""
+        groups = f", groups={len(self.groups)}" if self.groups else ""
         return (
             f"Layout(global_shape={self.global_shape}, dtype={self.dtype!r}, mesh_shape={self.mesh_shape}"
-            f"{names}, placements={list(self.placements)})"
+            f"{names}, placements={list(self.placements)}{groups})"
         )
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (ranges as [start, stop, step] triples)."""
-        return {
+        """JSON-ready form (ranges as [start, stop, step] triples); ``groups`` (and each shard's
+        ``group``) only for a sub-mesh, so that a whole-world layout reads as before."""
+        out: dict[str, Any] = {
             "global_shape": list(self.global_shape),
             "dtype": self.dtype,
             "mesh_shape": list(self.mesh_shape),
@@ -119,10 +159,14 @@ class Layout:
                     "shape": list(s.shape),
                     "indices": [[[r.start, r.stop, r.step] for r in runs] for runs in s.indices],
                     "partial": s.partial,
+                    **({"group": s.group} if self.groups else {}),
                 }
                 for s in self.shards
             ],
         }
+        if self.groups:
+            out["groups"] = [list(g) for g in self.groups]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Layout:
@@ -134,10 +178,12 @@ class Layout:
                 shape=tuple(s["shape"]),
                 indices=tuple(tuple(range(*r) for r in runs) for runs in s["indices"]),
                 partial=bool(s["partial"]),
+                group=int(s.get("group", 0)),
             )
             for s in d["shards"]
         )
         names = d.get("mesh_dim_names")
+        groups = tuple(tuple(int(r) for r in g) for g in d.get("groups") or ())
         return cls(
             global_shape=tuple(d["global_shape"]),
             dtype=str(d["dtype"]),
@@ -146,6 +192,7 @@ class Layout:
             placements=tuple(d["placements"]),
             shards=shards,
             mesh_ranks=tuple(d.get("mesh_ranks") or (s.rank for s in shards)),
+            groups=groups,
         )
 
 
@@ -204,9 +251,14 @@ def compute(
     dtype: str = "float32",
     mesh_ranks: Sequence[int] | None = None,
     shard_order: dict[int, Sequence[int]] | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> Layout:
     """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``, cached: a Layout is
-    immutable, and recording sees the same few layouts again and again."""
+    immutable, and recording sees the same few layouts again and again.
+
+    ``groups`` makes the mesh a sub-mesh of a larger world: every instance's global ranks, each in
+    row-major order (``shardviz.mesh.submesh_groups`` computes them for a slice of a world mesh).
+    """
     try:
         key = (
             tuple(global_shape) if not isinstance(global_shape, int) else global_shape,
@@ -218,6 +270,7 @@ def compute(
             dtype,
             tuple(mesh_ranks) if mesh_ranks is not None else None,
             tuple((k, tuple(v)) for k, v in sorted(shard_order.items())) if shard_order else None,
+            tuple(tuple(g) for g in groups) if groups is not None else None,
         )
         hash(key)
     except TypeError:  # unhashable input: let the checks below explain it
@@ -229,13 +282,14 @@ def compute(
             dtype=dtype,
             mesh_ranks=mesh_ranks,
             shard_order=shard_order,
+            groups=groups,
         )
     return _cached(key)
 
 
 @functools.lru_cache(maxsize=512)
 def _cached(key: tuple[Any, ...]) -> Layout:
-    shape, mesh_shape, placements, names, dtype, ranks, order = key
+    shape, mesh_shape, placements, names, dtype, ranks, order, groups = key
     return _compute(
         shape,
         mesh_shape,
@@ -244,6 +298,7 @@ def _cached(key: tuple[Any, ...]) -> Layout:
         dtype=dtype,
         mesh_ranks=ranks,
         shard_order=dict(order) if order else None,
+        groups=groups,
     )
 
 
@@ -256,17 +311,24 @@ def _compute(
     dtype: str = "float32",
     mesh_ranks: Sequence[int] | None = None,
     shard_order: dict[int, Sequence[int]] | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> Layout:
     """The geometry itself.
 
     ``shard_order`` maps a tensor dim to the order its mesh dims are applied in, for DTensors
-    whose spec records a non-default order; by default mesh dims apply left to right.
+    whose spec records a non-default order; by default mesh dims apply left to right. ``groups``:
+    see :func:`compute`; one group is the same as ``mesh_ranks``.
     """
     shape = _check_shape(global_shape)
     mshape = _mesh.check_mesh_shape(mesh_shape)
     names = _check_names(mesh_dim_names, len(mshape))
     pls = normalize(placements, len(shape), len(mshape))
     nranks = _mesh.size(mshape)
+    instances = _check_groups(groups, nranks, mesh_ranks)
+    if instances:
+        mesh_ranks = instances[0]
+        if len(instances) == 1:
+            instances = ()
     if mesh_ranks is None:
         ranks = tuple(range(nranks))
     else:
@@ -311,6 +373,11 @@ def _compute(
                 partial=is_partial,
             )
         )
+    # Every instance of a sub-mesh holds the same geometry at the same coordinates.
+    for gi, grp in enumerate(instances[1:], start=1):
+        shards.extend(
+            dataclasses.replace(s, rank=r, group=gi) for s, r in zip(shards[:nranks], grp, strict=True)
+        )
     return Layout(
         global_shape=shape,
         dtype=dtype,
@@ -319,7 +386,31 @@ def _compute(
         placements=tuple(str(p) for p in pls),
         shards=tuple(shards),
         mesh_ranks=ranks,
+        groups=instances,
     )
+
+
+def _check_groups(
+    groups: Sequence[Sequence[int]] | None, nranks: int, mesh_ranks: Sequence[int] | None
+) -> tuple[tuple[int, ...], ...]:
+    """The instances of a sub-mesh as tuples, checked; () for a mesh that exists once."""
+    if groups is None:
+        return ()
+    try:
+        out = tuple(tuple(int(r) for r in g) for g in groups)
+    except TypeError:
+        raise TypeError("groups must be a list of rank lists, one per instance of the sub-mesh") from None
+    if not out:
+        raise ValueError("groups is empty: give each instance's ranks, or leave groups unset")
+    for g in out:
+        if len(g) != nranks:
+            raise ValueError(f"groups has a group of {len(g)} ranks {list(g)} for a mesh of {nranks}")
+    flat = [r for g in out for r in g]
+    if len(set(flat)) != len(flat) or min(flat) < 0:
+        raise ValueError(f"groups {[list(g) for g in out]}: each rank may be in one group only")
+    if mesh_ranks is not None and tuple(int(r) for r in mesh_ranks) != out[0]:
+        raise ValueError(f"mesh_ranks {list(mesh_ranks)} is not the first group {list(out[0])}")
+    return out
 
 
 def _check_shape(shape: object) -> tuple[int, ...]:
@@ -360,7 +451,15 @@ def _table(layout: Layout) -> str:
         f"Layout {layout.global_shape} {layout.dtype} on mesh {layout.mesh_shape}{names} "
         f"placements [{', '.join(layout.placements)}]"
     )
-    rows = [("rank", "coord", "offset", "shape", "indices", "")]
+    grouped = bool(layout.groups)
+    rows = [("rank", "group", "coord", "offset", "shape", "indices", "")]
+    lines = [head]
+    if grouped:
+        per = len(layout.groups[0])
+        lines.append(
+            f"sub-mesh in {len(layout.groups)} groups of {per} rank{'s' if per != 1 else ''}, each holding "
+            "the whole tensor: " + " ".join("[" + ", ".join(map(str, g)) + "]" for g in layout.groups)
+        )
     for s in layout.shards:
         notes = []
         if s.partial:
@@ -372,6 +471,7 @@ def _table(layout: Layout) -> str:
         rows.append(
             (
                 str(s.rank),
+                str(s.group),
                 str(s.coord),
                 str(s.offset) if not s.empty else "-",
                 str(s.shape),
@@ -379,8 +479,9 @@ def _table(layout: Layout) -> str:
                 " ".join(notes),
             )
         )
+    if not grouped:  # a mesh that exists once: no group column
+        rows = [(r[0], *r[2:]) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [head]
     for r in rows:
         cells = [r[0].rjust(widths[0])] + [c.ljust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())

@@ -52,6 +52,35 @@ def dim_groups(mesh_shape: Sequence[int], dim: int, ranks: Sequence[int] | None 
     return sorted(groups)
 
 
+def submesh_groups(
+    world_shape: Sequence[int], dims: Sequence[int], ranks: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Every instance of the sub-mesh that keeps mesh dims ``dims`` of a world mesh (a slice such
+    as ``mesh["tp"]``, or a flatten of those dims), each as its global ranks in row-major order.
+
+    Instances come in row-major order of the dims left out, as torch lists them: on a (2, 4) mesh,
+    dims ``(1,)`` give ``[[0, 1, 2, 3], [4, 5, 6, 7]]`` and dims ``(0,)`` give
+    ``[[0, 4], [1, 5], [2, 6], [3, 7]]``.
+    """
+    shape = check_mesh_shape(world_shape)
+    keep = [int(d) % len(shape) for d in dims]
+    if not keep or len(set(keep)) != len(keep) or keep != sorted(keep):
+        raise ValueError(f"dims {list(dims)}: give distinct mesh dims of {shape}, in increasing order")
+    flat = list(ranks) if ranks is not None else list(range(size(shape)))
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    rest = [d for d in range(len(shape)) if d not in keep]
+    out = []
+    for base in product(*(range(shape[d]) for d in rest)):
+        start = sum(c * strides[d] for c, d in zip(base, rest, strict=True))
+        out.append(
+            [
+                flat[start + sum(c * strides[d] for c, d in zip(pos, keep, strict=True))]
+                for pos in product(*(range(shape[d]) for d in keep))
+            ]
+        )
+    return out
+
+
 def match_dim(
     groups: Sequence[Sequence[int]], mesh_shape: Sequence[int], ranks: Sequence[int] | None = None
 ) -> int | None:

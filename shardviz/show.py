@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .views.widgets import LayoutWidget
 
 _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
-_VIEW_OPTIONS = ("dims", "index", "heatmap", "title")
+_VIEW_OPTIONS = ("dims", "index", "heatmap", "title", "group")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
 _PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
 _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
@@ -43,7 +43,8 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget:
     Trace (or of one event), as a notebook widget.
 
     Layout options: ``dims=(rows, cols)`` (tensors of 3+ dims), ``index`` (slider positions),
-    ``heatmap``, ``title``, ``selected`` (a rank), and for a Layout ``values={rank: array}``.
+    ``heatmap``, ``title``, ``selected`` (a rank), ``group`` (which group of a sub-mesh is drawn
+    when they are too many to draw side by side), and for a Layout ``values={rank: array}``.
     Player options: see :func:`play`. An ``nn.Module`` (or a ModelMap from ``sv.model_map``) is
     drawn as its model map: options ``optimizer``, ``world_size``, ``rank``, ``selected`` (a
     tensor's name: its layout opens), ``title``.

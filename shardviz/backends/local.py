@@ -70,7 +70,7 @@ class LocalBackend:
             yield mode  # already inside this backend's simulation
             return
         _torch.reuse_local_mode(mode)
-        with _torch.tracking_meshes(), mode:
+        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), mode:
             yield mode
 
     def close(self) -> None:

@@ -62,6 +62,13 @@ def notes(layout: Layout) -> list[str]:
     """
     labels = dim_labels(layout)
     lines = []
+    if layout.groups:
+        per = len(layout.groups[0])
+        lines.append(
+            f"sub-mesh: {len(layout.groups)} groups of {per} rank{'s' if per != 1 else ''}, each holding the "
+            "whole tensor with its own values: "
+            + "; ".join(f"group {i}: ranks {rank_list(grp)}" for i, grp in enumerate(layout.groups))
+        )
     for m, text in enumerate(layout.placements):
         p = parse(text)
         n = layout.mesh_shape[m]
@@ -93,6 +100,28 @@ def _shape(shape: Sequence[int]) -> str:
     return "×".join(str(d) for d in shape) if shape else "scalar"
 
 
+# A sub-mesh's groups are drawn side by side up to this many ranks in all; past it, one at a time.
+MAX_SIDE_BY_SIDE = 16
+
+
+def check_group(layout: Layout, group: int | None) -> int:
+    """A group index of ``layout`` (0 when None), checked."""
+    n = len(layout.instances)
+    if group is None:
+        return 0
+    if isinstance(group, bool) or not isinstance(group, int | np.integer) or not 0 <= int(group) < n:
+        raise ValueError(f"group={group!r}: this layout has group(s) 0..{n - 1}")
+    return int(group)
+
+
+def shown_groups(layout: Layout, group: int | None = None) -> list[int]:
+    """The groups a view draws: all of them side by side when they fit, else ``group`` alone."""
+    g = check_group(layout, group)
+    if layout.world_size <= MAX_SIDE_BY_SIDE:
+        return list(range(len(layout.instances)))
+    return [g]
+
+
 def partial_info(layout: Layout) -> dict[str, Any] | None:
     dims = [m for m, p in enumerate(layout.placements) if parse(p).kind == "partial"]
     if not dims:
@@ -122,6 +151,10 @@ def payload(layout: Layout) -> dict[str, Any]:
         "notes": notes(layout),
         "palette": {"fill": list(PALETTE), "text": list(TEXT_ON), "patterns": list(PATTERNS)},
         "max_stripes": MAX_STRIPES,
+        # Every instance of a sub-mesh (one for a whole-world mesh) and each shard's instance.
+        "groups": [list(grp) for grp in layout.instances],
+        "group_of": [s.group for s in layout.shards],
+        "max_side_by_side": MAX_SIDE_BY_SIDE,
     }
 
 
@@ -251,13 +284,17 @@ def _index_arrays(indices: tuple[tuple[range, ...], ...]) -> tuple[np.ndarray, .
     )
 
 
-def global_values(layout: Layout, values: Mapping[int, np.ndarray]) -> np.ndarray:
+def global_values(layout: Layout, values: Mapping[int, np.ndarray], group: int = 0) -> np.ndarray:
     """The logical global tensor (what ``full_tensor()`` gives), assembled from per-rank shards.
+
+    On a sub-mesh every group holds its own copy: ``group`` says whose (an index into
+    ``layout.groups``).
 
     Replicated copies are read from coordinate 0 of each Replicate mesh dim; Partial values are
     reduced (sum, avg, max, min, product) over the Partial mesh dims. Elements no rank with values
     holds are NaN. Complex values stay complex, everything else becomes float64.
     """
+    layout = layout.group_layout(group)
     complex_ = any(np.asarray(v).dtype.kind == "c" for v in values.values())
     out = np.zeros(layout.global_shape, dtype=np.complex128 if complex_ else np.float64)
     seen = np.zeros(layout.global_shape, dtype=np.int64)

@@ -67,12 +67,18 @@ def plot_layout(
     index: Sequence[int] | None = None,
     heatmap: bool = False,
     title: str | None = None,
+    group: int | None = None,
 ) -> Figure:
-    """Tensor (left) coloured by owning rank(s), mesh (right), notes and legend (below)."""
+    """Tensor (left) coloured by owning rank(s), mesh (right), notes and legend (below).
+
+    A sub-mesh's groups are drawn side by side, each with its own values, up to 16 ranks in all;
+    past that one group (``group``, default 0).
+    """
     rd, cd = g.view_dims(len(layout.global_shape), dims)
     idx = g.view_index(layout.global_shape, index)
     if heatmap and not values:
         raise ValueError("heatmap=True needs values: this layout was given without any")
+    shown = g.shown_groups(layout, group)
     fig = Figure(figsize=FIGSIZE, dpi=100)
     FigureCanvasAgg(fig)
     names = f" {layout.mesh_dim_names}" if layout.mesh_dim_names else ""
@@ -82,15 +88,49 @@ def plot_layout(
         0.01,
         0.935,
         f"mesh {layout.mesh_shape}{names} · placements [{', '.join(layout.placements)}] · "
-        f"{layout.world_size} ranks",
+        f"{layout.world_size} ranks" + (f" in {len(layout.groups)} groups" if layout.groups else ""),
         fontsize=9,
         va="top",
         color="#444444",
     )
-    tax = fig.add_axes((0.06, 0.30, 0.46, 0.52), gid="tensor")
-    max_ = fig.add_axes((0.58, 0.30, 0.40, 0.52), gid="mesh")
-    _draw_tensor(fig, tax, layout, values, rd, cd, idx, heatmap)
-    _draw_mesh(max_, layout)
+    if not layout.groups:
+        tax = fig.add_axes((0.06, 0.30, 0.46, 0.52), gid="tensor")
+        max_ = fig.add_axes((0.58, 0.30, 0.40, 0.52), gid="mesh")
+        _draw_tensor(fig, tax, layout, values, rd, cd, idx, heatmap)
+        _draw_mesh(max_, layout)
+        _draw_legend(fig, layout)
+        return fig
+    # A sub-mesh: one tensor and one mesh per group shown, in a grid of cells.
+    n = len(shown)
+    gcols = min(n, 4)
+    grows = math.ceil(n / gcols)
+    cw, ch = 0.52 / gcols, 0.58 / grows
+    for k, gi in enumerate(shown):
+        sub = layout.group_layout(gi)
+        x0 = 0.06 + (k % gcols) * cw
+        y0 = 0.30 + (grows - 1 - k // gcols) * ch
+        tax = fig.add_axes((x0, y0, cw * 0.82, ch * 0.78), gid=f"tensor-g{gi}")
+        _draw_tensor(fig, tax, sub, values, rd, cd, idx, heatmap, colorbar=k == 0)
+        tax.set_title(f"group {gi}: ranks {g.rank_list(sub.mesh_ranks)}", fontsize=8, loc="left")
+    mcols = min(n, 2)
+    mrows = math.ceil(n / mcols)
+    mw, mh = 0.38 / mcols, 0.58 / mrows
+    for k, gi in enumerate(shown):
+        sub = layout.group_layout(gi)
+        x0 = 0.60 + (k % mcols) * mw
+        y0 = 0.30 + (mrows - 1 - k // mcols) * mh
+        max_ = fig.add_axes((x0, y0, mw * 0.92, mh * 0.8), gid=f"mesh-g{gi}")
+        _draw_mesh(max_, sub)
+        max_.set_title(f"group {gi} mesh {layout.mesh_shape}", fontsize=8, loc="left")
+    if len(shown) < len(layout.groups):
+        fig.text(
+            0.01,
+            0.90,
+            f"group {shown[0]} of {len(layout.groups)} shown (plot(..., group=k) draws another)",
+            fontsize=8,
+            va="top",
+            color="#444444",
+        )
     _draw_legend(fig, layout)
     return fig
 
@@ -104,6 +144,7 @@ def _draw_tensor(
     cd: int | None,
     idx: tuple[int, ...],
     heatmap: bool,
+    colorbar: bool = True,
 ) -> None:
     shape = layout.global_shape
     sub = f" · rows dim {rd}, columns dim {cd} at {idx}" if len(shape) >= 3 else ""
@@ -142,12 +183,13 @@ def _draw_tensor(
             vmax=hi if hi > lo else lo + 1,
             aspect=ax.get_aspect(),
         )
-        cax = fig.add_axes((0.06, 0.215, 0.2, 0.018), gid="colorbar")
-        fig.colorbar(im, cax=cax, orientation="horizontal")
-        cax.tick_params(labelsize=7)
-        nan = int(np.isnan(img).sum())
-        if nan:
-            cax.set_title(f"{nan} NaN (grey)", fontsize=7, loc="left")
+        if colorbar:
+            cax = fig.add_axes((0.06, 0.215, 0.2, 0.018), gid="colorbar")
+            fig.colorbar(im, cax=cax, orientation="horizontal")
+            cax.tick_params(labelsize=7)
+            nan = int(np.isnan(img).sum())
+            if nan:
+                cax.set_title(f"{nan} NaN (grey)", fontsize=7, loc="left")
     # points per data unit, for deciding which labels fit
     bbox = ax.get_position()
     w_in, h_in = FIGSIZE[0] * bbox.width, FIGSIZE[1] * bbox.height

@@ -41,7 +41,7 @@ EXPORT_VALUES_BUDGET = 16 * 2**20
 _WIDE = ("float64", "int64", "uint64", "int32", "uint32")
 
 # The traits the ESM reads; an HTML export embeds exactly these.
-SYNCED = ("geometry", "values_info", "dims", "index", "heatmap", "selected", "title")
+SYNCED = ("geometry", "values_info", "dims", "index", "heatmap", "selected", "group", "title")
 
 
 class StaticFallback:
@@ -73,6 +73,8 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
     index = traitlets.List(traitlets.Int()).tag(sync=True)
     heatmap = traitlets.Bool(False).tag(sync=True)
     selected = traitlets.Int(-1).tag(sync=True)
+    # Which group of a sub-mesh is drawn when they are too many to draw side by side.
+    group = traitlets.Int(0).tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
 
     def __init__(
@@ -86,6 +88,7 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
         selected: int | None = None,
         title: str | None = None,
         values_note: str | None = None,
+        group: int | None = None,
     ) -> None:
         if not isinstance(layout, Layout):
             raise TypeError(f"LayoutWidget needs a shardviz Layout, not {type(layout).__name__}")
@@ -98,9 +101,12 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
             raise ValueError(
                 f"selected={selected!r} is not a rank of this layout ({g.rank_list(layout.ranks)})"
             )
+        grp = g.check_group(layout, group)
+        if group is None and selected is not None:
+            grp = layout.shard(selected).group  # open on the selected rank's group
         self._layout = layout
         self._values = checked
-        self._global: np.ndarray | None = None
+        self._global: dict[int, np.ndarray] = {}
         if checked:
             info = {
                 "available": True,
@@ -122,6 +128,7 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
             index=list(idx),
             heatmap=heatmap,
             selected=-1 if selected is None else selected,
+            group=grp,
             title=title or "",
         )
 
@@ -137,13 +144,15 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
         """Each rank's local values, as given (None for a geometry-only view)."""
         return None if self._values is None else dict(self._values)
 
-    def global_values(self) -> np.ndarray | None:
-        """The logical global tensor assembled from the shards (Partial values reduced)."""
+    def global_values(self, group: int = 0) -> np.ndarray | None:
+        """The logical global tensor assembled from the shards (Partial values reduced); on a
+        sub-mesh, that of one group (each group holds its own)."""
         if not self._values:
             return None
-        if self._global is None:
-            self._global = g.global_values(self._layout, self._values)
-        return self._global
+        grp = g.check_group(self._layout, group)
+        if grp not in self._global:
+            self._global[grp] = g.global_values(self._layout, self._values, grp)
+        return self._global[grp]
 
     def _view_dims(self) -> tuple[int, int] | None:
         if len(self._layout.global_shape) < 2:
@@ -152,17 +161,21 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
 
     # ---- values on demand ----
 
-    def reply(self, rank: int) -> tuple[dict[str, Any], list[bytes]]:
-        """What ``fetch_values`` answers for one rank (-1: the global tensor)."""
+    def reply(self, rank: int, group: int = 0) -> tuple[dict[str, Any], list[bytes]]:
+        """What ``fetch_values`` answers for one rank (-1: the global tensor of ``group``)."""
         if not self._values:
             return {"error": self.values_info.get("note") or "no values"}, []
         if rank == -1:
-            glob = self.global_values()
+            if not 0 <= group < len(self._layout.instances):
+                return {"error": f"no group {group} (groups 0..{len(self._layout.instances) - 1})"}, []
+            glob = self.global_values(group)
             assert glob is not None
             if glob.dtype.kind == "f" and self._layout.dtype not in _WIDE:
                 glob = glob.astype(np.float32)  # exact for the source dtype, half the bytes
             meta, data = g.encode(glob, self._layout.dtype)
             meta["rank"] = -1
+            if self._layout.groups:
+                meta["group"] = group
             return meta, [data]
         if rank not in self._values:
             return {
@@ -174,11 +187,15 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
 
     @command
     def fetch_values(self, msg: Any, buffers: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
-        """anywidget command from the view: ``{"rank": r}`` → metadata and one buffer."""
+        """anywidget command from the view: ``{"rank": r}`` (``"group": k`` with the global tensor
+        of a sub-mesh, ``r == -1``) → metadata and one buffer."""
         rank = msg.get("rank") if isinstance(msg, dict) else None
         if isinstance(rank, bool) or not isinstance(rank, int):
             return {"error": f"bad request {msg!r}: expected {{'rank': <int>}}"}, []
-        return self.reply(rank)
+        group = msg.get("group", 0)
+        if isinstance(group, bool) or not isinstance(group, int):
+            return {"error": f"bad request {msg!r}: 'group' must be an int"}, []
+        return self.reply(rank, group)
 
     # ---- static renderings ----
 
@@ -207,6 +224,7 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
             index=self.index if nd else None,
             heatmap=self.heatmap,
             title=self.title or None,
+            group=self.group,
         )
 
     # ---- offline HTML ----
@@ -216,12 +234,19 @@ class LayoutWidget(StaticFallback, anywidget.AnyWidget):
         used = 0
         if not self._values:
             return out, True
-        for rank in [-1, *sorted(self._values)]:
-            meta, bufs = self.reply(rank)
+        # The global tensor of each group (a sub-mesh's groups hold their own), then each rank's.
+        asks: list[dict[str, int]] = (
+            [{"rank": -1, "group": k} for k in range(len(self._layout.groups))]
+            if self._layout.groups
+            else [{"rank": -1}]
+        )
+        asks += [{"rank": r} for r in sorted(self._values)]
+        for msg in asks:
+            meta, bufs = self.reply(msg["rank"], msg.get("group", 0))
             used += sum(len(b) for b in bufs)
             if used > budget:
                 return [], False
-            out.append(("fetch_values", {"rank": rank}, meta, bufs))
+            out.append(("fetch_values", msg, meta, bufs))
         return out, True
 
     def state_for_export(self) -> dict[str, Any]:

@@ -243,18 +243,19 @@ def test_torch_compile_eager_backends_work_and_inductor_is_explained():
     assert no_modes_left()
 
 
-@pytest.mark.timeout(120)
-def test_fsdp2_is_explained():
+def test_fsdp2_runs_in_the_simulation_and_torch_is_left_as_it_was():
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
     from torch.distributed.fsdp import fully_shard
 
+    before = (fsdp_param.alloc_storage, fsdp_param.free_storage, fsdp_param.FSDPParam._init_sharded_param)
     sv.use("local", world_size=4)
-    with (
-        pytest.raises(RuntimeError, match="FSDP2 \\(fully_shard\\) does not run under LocalTensorMode"),
-        sv.record(),
-    ):
+    with sv.record() as trace:
         mesh = init_device_mesh("cpu", (4,))
         m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
         for layer in (m[0], m[2], m):
             fully_shard(layer, mesh=mesh)
-        m(torch.randn(2, 8))
+        m(torch.randn(2, 8)).sum().backward()
+    assert {e.op for e in trace.collectives()} == {"all_gather", "reduce_scatter"}
+    after = (fsdp_param.alloc_storage, fsdp_param.free_storage, fsdp_param.FSDPParam._init_sharded_param)
+    assert after == before  # only patched while simulating
     assert no_modes_left()

@@ -158,7 +158,21 @@ function prepare(geo) {
     });
   }
   const byRank = new Map(shards.map((s) => [s.rank, s]));
-  return { ...geo, shards, byRank };
+  const out = { ...geo, shards, byRank };
+  // A sub-mesh exists once per group of ranks: each group is drawn from its own geometry, a copy
+  // of this one with that group's shards only (re-indexed, as computeBlocks expects).
+  const groupOf = geo.group_of || [];
+  const ngroups = (geo.groups || []).length;
+  for (const s of shards) s.group = groupOf[s.index] || 0;
+  if (ngroups > 1) {
+    out.instances = geo.groups.map((ranks, g) => {
+      const own = shards.filter((s) => s.group === g).map((s, i) => ({ ...s, index: i }));
+      return { ...geo, ranks, shards: own, byRank: new Map(own.map((s) => [s.rank, s])), group: g };
+    });
+  } else {
+    out.instances = [{ ...out, group: 0 }];
+  }
+  return out;
 }
 
 function covers(runs, i) {
@@ -373,7 +387,7 @@ function drawMeshGrids(geo, box, opts) {
   const px = opts.px || MESH_PX;
   const ms = geo.mesh_shape;
   const labels = geo.dim_labels;
-  html("div", { class: "sv-panel-title" }, box, `mesh ${fmtShape(ms)}`);
+  html("div", { class: "sv-panel-title" }, box, opts.title || `mesh ${fmtShape(ms)}`);
   const grids = html("div", { class: "sv-mesh-grids" }, box);
   let rowsN, colsN, lead;
   if (ms.length === 1) {

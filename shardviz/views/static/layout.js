@@ -59,6 +59,18 @@ function render({ model, el, experimental }) {
     model.save_changes();
   }
 
+  // The groups of a sub-mesh drawn now: all side by side when they fit, else the picked one.
+  function shownInstances() {
+    const inst = geo.instances;
+    if (inst.length === 1 || geo.ranks.length <= (geo.max_side_by_side || 16)) return inst;
+    const g = Math.min(Math.max(model.get("group") || 0, 0), inst.length - 1);
+    return [inst[g]];
+  }
+
+  function groupTitle(inst) {
+    return `group ${inst.group}: ranks ${rankList(inst.ranks)}`;
+  }
+
   // ---- header and controls ----
 
   function drawHead() {
@@ -70,7 +82,7 @@ function render({ model, el, experimental }) {
       "div",
       { class: "sv-sub" },
       head,
-      `mesh ${fmtShape(geo.mesh_shape)}${names} · placements [${geo.placements.join(", ")}] · ${geo.ranks.length} ranks`,
+      `mesh ${fmtShape(geo.mesh_shape)}${names} · placements [${geo.placements.join(", ")}] · ${geo.ranks.length} ranks${geo.instances.length > 1 ? ` in ${geo.instances.length} groups` : ""}`,
     );
   }
 
@@ -115,23 +127,34 @@ function render({ model, el, experimental }) {
     box.disabled = !vi.available;
     lab.appendChild(document.createTextNode(" value heat-map"));
     box.addEventListener("change", () => setTrait("heatmap", box.checked));
+    if (shownInstances().length < geo.instances.length) {
+      const gl = html("label", {}, controls, "group ");
+      const sel = html("select", { "data-control": "group" }, gl);
+      for (const inst of geo.instances) html("option", { value: inst.group }, sel, groupTitle(inst));
+      sel.value = String(shownInstances()[0].group);
+      sel.addEventListener("change", () => setTrait("group", Number(sel.value)));
+    }
     if (geo.ranks.length > 16) {
       const gl = html("label", {}, controls, "rank ");
       const go = html("input", { type: "number", min: Math.min(...geo.ranks), max: Math.max(...geo.ranks), "data-control": "goto", class: "sv-goto" }, gl);
       go.addEventListener("change", () => {
         const r = Number(go.value);
-        if (geo.byRank.has(r)) setTrait("selected", r);
+        if (!geo.byRank.has(r)) return;
+        const g = geo.byRank.get(r).group;
+        if (!shownInstances().some((inst) => inst.group === g)) setTrait("group", g);
+        setTrait("selected", r);
       });
     }
   }
 
   // ---- tensor ----
 
-  let tensorState = null;
+  let tensorStates = []; // one per group drawn: {group, state}
 
   function drawTensor() {
     regions.clear();
     tensorBox.replaceChildren();
+    tensorStates = [];
     const [rd, cd] = viewDims();
     const idx = viewIndex();
     const gshape = geo.global_shape;
@@ -139,20 +162,32 @@ function render({ model, el, experimental }) {
     if (gshape.length >= 3) heading.textContent += ` · rows dim ${rd}, columns dim ${cd}`;
     if (gshape.includes(0)) {
       html("div", { class: "sv-empty-tensor" }, tensorBox, `empty tensor ${fmtShape(gshape)}: no elements to draw`);
-      tensorState = null;
       return;
     }
     const t0 = performance.now();
-    tensorState = drawTensorGrid(geo, tensorBox, { rd, cd, idx, uid, fillFor, addRegion });
+    const shown = shownInstances();
+    if (geo.instances.length === 1) {
+      tensorStates.push({ group: 0, state: drawTensorGrid(geo, tensorBox, { rd, cd, idx, uid, fillFor, addRegion }) });
+    } else {
+      // Each group of a sub-mesh holds the whole tensor with its own values: one picture each.
+      const px = shown.length === 1 ? TENSOR_PX : Math.max(160, Math.round(TENSOR_PX / Math.min(shown.length, 2)));
+      const row = html("div", { class: "sv-groups", style: "display:flex;flex-wrap:wrap;gap:8px" }, tensorBox);
+      for (const inst of shown) {
+        const box = html("div", { class: "sv-group", "data-group": inst.group }, row);
+        html("div", { class: "sv-grid-title" }, box, groupTitle(inst));
+        tensorStates.push({ group: inst.group, state: drawTensorGrid(inst, box, { rd, cd, idx, uid: `${uid}g${inst.group}`, fillFor, addRegion, px }) });
+      }
+    }
     root.dataset.renderMs = String(Math.round(performance.now() - t0));
     if (model.get("heatmap")) drawHeat();
   }
 
   function drawOutline(rank) {
-    if (!tensorState) return;
-    const { outline, rd, cd, idx, sx, sy } = tensorState;
-    outline.replaceChildren();
+    for (const { state } of tensorStates) state.outline.replaceChildren();
     const s = rank === null ? null : geo.byRank.get(rank);
+    const hit = s ? tensorStates.find((t) => t.group === s.group) : null;
+    if (!hit) return;
+    const { outline, rd, cd, idx, sx, sy } = hit.state;
     if (!s || s.empty) return;
     for (let d = 0; d < geo.global_shape.length; d++) {
       if (d !== rd && d !== cd && !covers(s.runs[d], idx[d])) return; // not in this slice
@@ -170,7 +205,14 @@ function render({ model, el, experimental }) {
 
   function drawMesh() {
     meshBox.replaceChildren();
-    drawMeshGrids(geo, meshBox, { uid, fillFor, addRegion });
+    if (geo.instances.length === 1) {
+      drawMeshGrids(geo, meshBox, { uid, fillFor, addRegion });
+      return;
+    }
+    for (const inst of shownInstances()) {
+      const box = html("div", { class: "sv-group", "data-group": inst.group }, meshBox);
+      drawMeshGrids(inst, box, { uid: `${uid}g${inst.group}`, fillFor, addRegion, title: `mesh ${fmtShape(geo.mesh_shape)} · ${groupTitle(inst)}` });
+    }
   }
 
   // ---- legend ----
@@ -200,7 +242,9 @@ function render({ model, el, experimental }) {
 
   function fetchValues(key) {
     if (!valuesCache.has(key)) {
-      const msg = key === "global" ? { rank: -1 } : { rank: key };
+      // "global" (one group) or "global:<group>" (a sub-mesh: each group holds its own tensor)
+      const g = typeof key === "string" && key.startsWith("global:") ? Number(key.slice(7)) : null;
+      const msg = key === "global" ? { rank: -1 } : g !== null ? { rank: -1, group: g } : { rank: key };
       const p = invoke("fetch_values", msg).then(([reply, buffers]) => {
         if (!reply || reply.error) throw new Error(reply ? reply.error : "no reply");
         return decodeValues(reply, buffers[0]);
@@ -211,18 +255,20 @@ function render({ model, el, experimental }) {
     return valuesCache.get(key);
   }
 
-  async function drawHeat() {
-    if (!tensorState) return;
-    const st = tensorState;
+  function drawHeat() {
+    for (const { group, state } of tensorStates) drawHeatOf(group, state);
+  }
+
+  async function drawHeatOf(group, st) {
     let vals;
     try {
-      vals = await fetchValues("global");
+      vals = await fetchValues(geo.instances.length > 1 ? `global:${group}` : "global");
     } catch (err) {
       const lg = legend.querySelector(".sv-heat-legend");
       if (lg) lg.textContent = `heat-map unavailable: ${err.message}`;
       return;
     }
-    if (st !== tensorState || !model.get("heatmap")) return;
+    if (!tensorStates.some((t) => t.state === st) || !model.get("heatmap")) return;
     const lg = legend.querySelector(".sv-heat-legend");
     const { rd, cd, idx } = st;
     const step = vals.step;
@@ -349,6 +395,7 @@ function render({ model, el, experimental }) {
     const parts = [];
     const coord = s.coord.map((c, m) => `${geo.dim_labels[m]}=${c}`).join(", ");
     parts.push(`rank ${rank}`);
+    if (geo.instances.length > 1) parts.push(`group ${s.group}`);
     parts.push(`mesh coord (${coord})`);
     parts.push(s.empty ? "empty shard (no global offset)" : `global offset (${s.offset.join(", ")})`);
     parts.push(`local shape (${s.shape.join(", ")})${s.empty ? " · empty" : ""}`);
@@ -478,7 +525,7 @@ function render({ model, el, experimental }) {
     root.classList.remove("sv-heat-on");
     drawLegend();
     if (model.get("heatmap")) drawHeat();
-    else if (tensorState) tensorState.canvas.width = 1;
+    else for (const { state } of tensorStates) state.canvas.width = 1;
   };
   const onSelected = () => {
     applyHighlight();
@@ -495,6 +542,7 @@ function render({ model, el, experimental }) {
     ["change:index", drawView],
     ["change:heatmap", onHeat],
     ["change:selected", onSelected],
+    ["change:group", drawView],
     ["change:values_info", onValuesInfo],
     ["change:title", drawHead],
   ]);

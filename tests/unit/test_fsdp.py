@@ -1,0 +1,132 @@
+"""FSDP2 (fully_shard) in the simulator: FSDP, HSDP and FSDP + TP against plain torch, and its
+collectives recorded and attributed to the module whose parameters they move (issue 15)."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import shardviz as sv
+from shardviz import _torch
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    # 10 output features: uneven shards over 4 ranks (3, 3, 3, 1).
+    return nn.Sequential(nn.Linear(8, 10), nn.ReLU(), nn.Linear(10, 4))
+
+
+def plain_step(model: nn.Module, batches: list[torch.Tensor], opt_cls: type, steps: int) -> None:
+    """What data parallelism computes: the mean of every rank's loss, one optimizer."""
+    opt = opt_cls(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        (sum(model(b).sum() for b in batches) / len(batches)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def assert_same_parameters(sharded: nn.Module, plain: nn.Module) -> None:
+    want = dict(plain.named_parameters())
+    with sv.record():
+        for name, p in sharded.named_parameters():
+            full = p.full_tensor() if _torch.is_dtensor(p) else p
+            for r, t in (_torch.local_tensors(full) or {0: full}).items():
+                torch.testing.assert_close(t, want[name], atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")
+
+
+@pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.Adam], ids=["sgd", "adam"])
+def test_fsdp_on_a_dp_mesh_trains_as_plain_torch(opt_cls):
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)  # built outside the simulation, as most scripts do
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh)
+        opt = opt_cls(model.parameters(), lr=0.1)
+        x = sv.per_rank(lambda r: batches[r])
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    plain_step(plain, batches, opt_cls, steps=2)
+    assert_same_parameters(model, plain)
+
+    # Each rank holds its own shard of each parameter: rank r rows 3r.. of the first weight.
+    with sv.record():
+        w = model[0].weight.to_local()
+    shards = _torch.local_tensors(w)
+    full = dict(plain.named_parameters())["0.weight"]
+    for r in range(3):
+        torch.testing.assert_close(shards[r], full[3 * r : 3 * r + 3], atol=1e-5, rtol=1e-5)
+
+    steps = Counter((e.op, e.phase, e.module, e.reduce_op) for e in trace.collectives() if e.phase)
+    for layer in ("FSDPSequential.0", "FSDPSequential.2"):
+        # Per step: gathered for the forward, gathered again for the backward (resharded after
+        # the forward), its gradient reduce-scattered as a mean.
+        assert steps[("all_gather", "forward", layer, None)] == 2, steps
+        assert steps[("all_gather", "backward", layer, None)] == 2, steps
+        assert steps[("reduce_scatter", "backward", layer, "avg")] == 2, steps
+    for e in trace.collectives():
+        if e.phase:
+            assert e.groups == ((0, 1, 2, 3),) and e.mesh_dim_name == "dp", e
+
+
+def test_hsdp_replicates_over_one_dim_and_shards_over_the_other():
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        opt.step()
+    plain_step(plain, batches, torch.optim.SGD, steps=1)
+    assert_same_parameters(model, plain)
+    dims = Counter((e.op, e.mesh_dim_name) for e in trace.collectives() if e.phase == "backward")
+    assert dims[("reduce_scatter", "shard")] == 2 and dims[("all_reduce", "replicate")] == 2, dims
+    rs = next(e for e in trace.collectives() if e.op == "reduce_scatter")
+    assert rs.groups == ((0, 1), (2, 3))
+
+
+def test_fsdp_composed_with_tensor_parallel_on_a_dp_tp_mesh():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(2)]  # one per dp group, shared by its tp ranks
+    model = copy.deepcopy(plain)
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r // 2])).sum().backward()
+        opt.step()
+    plain_step(plain, batches, torch.optim.SGD, steps=1)
+    assert_same_parameters(model, plain)
+    by_dim = {(e.op, e.mesh_dim_name) for e in trace.collectives() if e.phase}
+    assert {("all_gather", "dp"), ("reduce_scatter", "dp"), ("all_reduce", "tp")} <= by_dim, by_dim
+    gather = next(e for e in trace.collectives() if e.op == "all_gather" and e.phase)
+    assert gather.groups == ((0, 2), (1, 3))
+    with sv.record():
+        layout = sv.layout(model[0].weight)
+    # FSDP's dp shard of TP's colwise shard: tp rank t holds rows 5t..5t+5 of the 10, and dp rank
+    # d the d-th chunk of those (3 rows, then 2).
+    for rank in range(4):
+        d, t = divmod(rank, 2)
+        rows = range(5 * t, 5 * t + 3) if d == 0 else range(5 * t + 3, 5 * t + 5)
+        assert [i for r in layout.shard(rank).indices[0] for i in r] == list(rows), (rank, layout)
