@@ -11,15 +11,17 @@ from . import _torch
 from .backends import device_type, restart
 from .backends import use as _use
 from .compare import compare
+from .job import record_job
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .model import ModelMap, model_map
+from .pipeline import Timeline
+from .pipeline import timeline as pipeline_timeline
 from .placement import Placement
 from .plan import plan
 from .record import last_trace, per_rank, record, run
 from .show import export_html, play, plot, show
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
-from .trace import load as _load
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,7 @@ __all__ = [
     "ShardInfo",
     "Source",
     "TensorSnapshot",
+    "Timeline",
     "Trace",
     "__version__",
     "compare",
@@ -45,10 +48,12 @@ __all__ = [
     "load_ipython_extension",
     "model_map",
     "per_rank",
+    "pipeline_timeline",
     "plan",
     "play",
     "plot",
     "record",
+    "record_job",
     "restart",
     "run",
     "show",
@@ -56,9 +61,19 @@ __all__ = [
 ]
 
 
-def load(path: Any) -> Trace:
-    """Open a trace written by ``trace.save(path)``; plain JSON and numpy arrays, no pickle."""
-    return _load(path)
+def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Trace:
+    """Open a trace: a file written by ``trace.save(path)``; a folder of per-rank files written by
+    ``sv.record_job`` (merged into one trace; when ranks died, hung or diverged, the events they
+    share, with ``trace.notes`` saying which rank stopped where); or PyTorch Flight Recorder dumps
+    (a folder of per-rank dumps, or one file), aligned by process group and sequence number.
+
+    Plain JSON and numpy arrays: no code runs. Flight Recorder dumps in torch's pickle format are
+    refused unless ``allow_pickle=True`` — unpickling runs whatever code the file names, so pass
+    it only for files you trust. ``progress`` prints a status line when loading takes a while.
+    """
+    from .job import load_path
+
+    return load_path(path, allow_pickle=allow_pickle, progress=progress)
 
 
 def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:

@@ -429,12 +429,16 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
+        self._fsdp = False  # an FSDP2 module has run in this recording
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
+                # fully_shard makes a module an FSDPModule: its collectives are then looked up
+                # by their parameter group (see current), in the simulator and on real ranks.
+                self._fsdp = self._fsdp or hasattr(type(sub), "set_requires_gradient_sync")
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
@@ -455,7 +459,7 @@ class ModuleStack:
             self._spans.append((start, end, name))
 
     def current(self) -> str | None:
-        if _fsdp_used:
+        if self._fsdp:
             owner = _fsdp_owner(sys._getframe(1))
             name = self._names.get(owner) if owner is not None else None  # named once its model ran
             if name is not None:
@@ -654,7 +658,6 @@ def fake_work() -> Any:
 #    shard is rewritten with the chunk at its own coordinate on the shard mesh dim.
 _FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
-_fsdp_used = False  # set once fully_shard ran in the simulation: only then are frames searched
 
 
 def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
@@ -692,8 +695,6 @@ def _per_rank_shards(original: Any) -> Any:
                     data, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
                 )
             param = torch.nn.Parameter(data, requires_grad=param.requires_grad)
-        global _fsdp_used
-        _fsdp_used = True
         original(self, param, *args, **kwargs)
         shards = self._sharded_param_data
         info = self.mesh_info
@@ -755,3 +756,404 @@ def tracking_meshes() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__ = original  # type: ignore[method-assign]
+
+
+def flight_recorder_dump(pickled: bool = False) -> bytes:
+    """This process's PyTorch Flight Recorder buffer: JSON (no stacks), or torch's pickle (with
+    stacks; only for a reader that opts in). Empty of entries unless ``TORCH_FR_BUFFER_SIZE`` (or
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``) was set before the process group was made. torch 2.13 and
+    2.15 name it ``_dump_fr_trace_json`` (every backend, gloo included); NCCL-only builds of older
+    torch ``_dump_nccl_trace_json``."""
+    import torch._C._distributed_c10d as c10d
+
+    names = (
+        ("_dump_fr_trace", "_dump_nccl_trace")
+        if pickled
+        else ("_dump_fr_trace_json", "_dump_nccl_trace_json")
+    )
+    for name in names:
+        fn = getattr(c10d, name, None)
+        if fn is not None:
+            out = fn()
+            return out if isinstance(out, bytes) else str(out).encode()
+    raise RuntimeError(f"this torch ({torch.__version__}) has no Flight Recorder dump function")
+
+
+# --- point-to-point in the simulator: runner threads -------------------------------------------
+# Torch's own send/recv under LocalTensorMode (``local_p2p_op``) maps ranks wrongly on groups other
+# than WORLD, replaces buffers instead of writing into them and hangs on a deadlock. Here N threads
+# run under torch's LocalRunnerMode (one at a time), each with its own LocalTensorMode over the
+# whole world; ``P2PMode`` on top of it moves the messages itself. Plain data out through hooks.
+
+import collections  # noqa: E402
+import dataclasses  # noqa: E402
+import threading  # noqa: E402
+
+
+class P2PStuck(RuntimeError):
+    """Every thread of a threaded simulation is finished or waiting for a message nobody sends."""
+
+
+class P2PAborted(RuntimeError):
+    """This thread stopped because another thread of the run failed first."""
+
+
+@dataclasses.dataclass(eq=False)
+class P2PMessage:
+    """One message of a threaded run: global ranks, the group it went over, a copy of the value."""
+
+    src: int
+    dst: int
+    group: tuple[int, ...]  # the group's global ranks, by group rank
+    tag: int
+    value: torch.Tensor  # a plain copy of what the sender's buffer held
+    key: int  # id() of the tensor the sender passed (to find who sent it)
+    thread: int
+    desc: str = ""  # the process group's description ("mesh_pp" for a DeviceMesh's): its mesh dim
+
+
+def p2p_groups(group: Any) -> list[tuple[int, ...]]:
+    """Every group that runs a c10d op at once with ``group`` (rank 0's group in the fake process
+    group): their global ranks, each indexed by group rank. torch 2.13 returns a 3-tuple, 2.15 a pair."""
+    from torch.distributed._local_tensor import _c10d as lt_c10d
+
+    found = lt_c10d._prepare_collective_groups(group)
+    ranks, offsets = found[0], found[1]
+    return [tuple(int(o) + int(r) for r in ranks) for o in offsets]
+
+
+def _patched_globals() -> list[tuple[Any, str, Any]]:
+    """Module and class attributes that entering a LocalTensorMode (or a recorder) replaces; a
+    threaded run enters one mode per thread, so it saves them all and puts them back at the end."""
+    import importlib as _il
+
+    ltm_mod = _private["local_tensor_module"]
+    saved = []
+    for name in getattr(ltm_mod, "_PATCHED_DEVICE_MESH_METHODS", ()):
+        saved.append((DeviceMesh, name, DeviceMesh.__dict__.get(name)))
+    for global_name, _ in getattr(ltm_mod, "_PATCHED_RANDOM_FUNCTIONS", ()):
+        mod_name, attr = global_name.rsplit(".", 1)
+        mod = _il.import_module(mod_name)
+        saved.append((mod, attr, getattr(mod, attr)))
+    for name in ("get_rank", *getattr(ltm_mod, "_PATCHED_DIST_FUNCTIONS", ())):
+        saved.append((dist, name, getattr(dist, name)))
+    saved.append((DTensor, "to_local", DTensor.__dict__.get("to_local")))
+    saved.append((DTensor, "from_local", DTensor.__dict__.get("from_local")))
+    c10d = dist.distributed_c10d
+    saved.append((c10d, "_check_not_self_rank", getattr(c10d, "_check_not_self_rank", None)))
+    return saved
+
+
+def _restore_globals(saved: list[tuple[Any, str, Any]]) -> None:
+    for owner, name, value in saved:
+        if value is not None:
+            setattr(owner, name, value)
+
+
+class ThreadedP2P:
+    """One threaded simulation: ``run(fn)`` calls ``fn(thread)`` in ``threads`` runner threads,
+    each inside its own LocalTensorMode over ``world_size`` ranks; ``live[t]`` are the ranks thread
+    ``t`` stands for (its other ranks are computed but meaningless). ``on_send(thread, msgs)`` is
+    called once per send with its messages (one per group that runs it at once) before they are
+    queued; ``on_recv(thread, msgs, key)`` once a receive's messages are in the receiver's buffer
+    (``key``: id() of the receiving tensor); ``describe(thread)`` says where a blocked thread is,
+    for the deadlock message."""
+
+    def __init__(
+        self,
+        world_size: int,
+        live: list[frozenset[int]],
+        on_send: Any,
+        on_recv: Any,
+        describe: Any = None,
+    ) -> None:
+        self.world_size = world_size
+        self.live = live
+        self.threads = len(live)
+        self.on_send = on_send
+        self.on_recv = on_recv
+        self.describe = describe or (lambda t: "")
+        self.queues: dict[tuple[tuple[int, ...], int, int], collections.deque[P2PMessage]] = (
+            collections.defaultdict(collections.deque)
+        )
+        self.finished: set[int] = set()
+        self.waiting: dict[int, tuple[Any, str]] = {}
+        self.error: BaseException | None = None
+        self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
+        self.results: dict[int, Any] = {}
+        self._runner: Any = None
+        self._local = threading.local()
+
+    @property
+    def thread(self) -> int:
+        return int(self._local.thread)
+
+    def run(self, fn: Any, setup: Any = None) -> dict[int, Any]:
+        """``setup(thread)``, if given, is a context manager entered inside the thread's
+        LocalTensorMode and under the P2P mode (a recorder goes there)."""
+        from torch.distributed._local_tensor import LocalRunnerMode
+
+        saved = _patched_globals()
+        dist.distributed_c10d._check_not_self_rank = lambda *a, **k: None  # the fake PG is rank 0
+        cond_box: list[Any] = []
+
+        def main(t: int) -> None:
+            try:
+                body(t)
+            except BaseException as e:
+                if self.error is None and not isinstance(e, P2PAborted):
+                    self.error = e
+                cond_box[0].notify_all()
+
+        def body(t: int) -> None:
+            self._local.thread = t
+            cond = cond_box[0]
+            self._await_turn(t)
+            try:
+                with LocalTensorMode(self.world_size):
+                    try:
+                        with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
+                            self.results[t] = fn(t)
+                    except BaseException as e:
+                        if self.error is None and not isinstance(e, P2PAborted):
+                            self.error = e
+                        raise
+                    finally:
+                        # Keep this thread's mode (and the globals it patched) until all are done.
+                        self.finished.add(t)
+                        self.turn = self._next_runnable(t)
+                        if self.turn is None and self.waiting and self.error is None:
+                            # the rest wait for messages that no running thread can send
+                            blocked = {u: w[1] for u, w in self.waiting.items()}
+                            self.error = P2PStuck(self._deadlock_text(blocked))
+                        cond.notify_all()
+                        while len(self.finished) < self.threads and self.error is None:
+                            cond.wait(0.5)
+            finally:
+                cond.notify_all()
+
+        ltm_mod = _private["local_tensor_module"]
+        process_mode = getattr(ltm_mod, "_PROCESS_MODE", True)
+        runner = LocalRunnerMode(self.world_size, self.threads, main)
+        cond_box.append(runner._run_cond)
+        self._runner = runner
+        try:
+            runner.__enter__()
+        finally:
+            # Join every thread without LocalRunnerMode.__exit__: it re-raises the first thread's
+            # error before resetting its globals and leaves the other threads unjoined.
+            for thread in runner._runners:
+                threading.Thread.join(thread)
+            ltm_mod._LOCAL_RUNNER_MODE = None
+            ltm_mod._PROCESS_MODE = process_mode
+            _restore_globals(saved)
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+    def _await_turn(self, t: int) -> None:
+        """Wait (releasing the run lock) until it is thread ``t``'s turn, or a thread failed."""
+        cond = self._runner._run_cond
+        while self.turn != t:
+            if self.error is not None:
+                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            cond.wait(0.5)
+
+    def _next_runnable(self, t: int) -> int | None:
+        """The thread to run after ``t`` stops, round robin from ``t + 1``: one not finished and
+        not waiting for a message that is not there. Deterministic, so traces are too."""
+        for k in range(1, self.threads + 1):
+            u = (t + k) % self.threads
+            if u == t or u in self.finished:
+                continue
+            waiting = self.waiting.get(u)
+            if waiting is None or waiting[0]():
+                return u
+        return None
+
+    def wait_for(self, ready: Any, what: str) -> None:
+        """Block this thread (letting others run) until ``ready()``; a deadlock raises P2PStuck."""
+        cond = self._runner._run_cond
+        t = self.thread
+        while not ready():
+            if self.error is not None:
+                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.waiting[t] = (ready, what)
+            nxt = self._next_runnable(t)
+            if nxt is None:
+                others = [u for u in range(self.threads) if u != t]
+                blocked = {u: self.waiting[u][1] for u in others if u in self.waiting}
+                blocked[t] = what
+                del self.waiting[t]
+                self.error = P2PStuck(self._deadlock_text(blocked))
+                self.turn = None
+                cond.notify_all()
+                raise self.error
+            self.turn = nxt
+            cond.notify_all()
+            try:
+                self._await_turn(t)
+            finally:
+                del self.waiting[t]
+
+    def _deadlock_text(self, blocked: dict[int, str]) -> str:
+        lines = []
+        for u in sorted(blocked):
+            where = self.describe(u)
+            lines.append(f"  ranks {sorted(self.live[u])}: waiting for {blocked[u]}{where}")
+        done = sorted(r for u in self.finished for r in self.live[u])
+        if done:
+            lines.append(f"  ranks {done}: finished")
+        return "\n".join(lines)
+
+
+class P2PMode(TorchDispatchMode):
+    """Entered in each runner thread on top of its LocalTensorMode: handles ``c10d.send`` and
+    ``c10d.recv_`` between the threads' live ranks; everything else passes on."""
+
+    def __init__(self, sim: ThreadedP2P, thread: int) -> None:
+        super().__init__()
+        self.sim = sim
+        self.thread = thread
+        self.live = sim.live[thread]
+
+    def _me(self, group: tuple[int, ...], op: str) -> int:
+        mine = [r for r in group if r in self.live]
+        if len(mine) != 1:
+            raise P2PGroupError(
+                f"{op} on the group {list(group)}: it must hold exactly one rank of this thread "
+                f"(ranks {sorted(self.live)}), it holds {mine or 'none'}. Send over the pipeline mesh "
+                "dim's group (mesh.get_group('pp')), or run one thread per rank (threads=world_size)."
+            )
+        return mine[0]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.c10d.send.default:
+            return self._send(*args, **kwargs)
+        if func is torch.ops.c10d.recv_.default:
+            return self._recv(*args, **kwargs)
+        if func is torch.ops.c10d.recv_any_source_.default:
+            raise P2PGroupError(
+                "recv from any source (dist.recv(t) without src) is not simulated: pass src=<rank>"
+            )
+        return func(*args, **kwargs)
+
+    def _send(self, tensors: Any, group: Any, dst: int, tag: int) -> Any:
+        sim = self.sim
+        (tensor,) = tensors
+        msgs = []
+        desc = process_group_desc(group)
+        with no_dispatch(), torch.no_grad():
+            for g in p2p_groups(group):
+                src = self._me(g, "send")
+                plain = tensor._local_tensors[src] if isinstance(tensor, LocalTensor) else tensor
+                value = plain.detach().clone()
+                msgs.append(P2PMessage(src, g[int(dst)], g, int(tag), value, id(tensor), self.thread, desc))
+        sim.on_send(self.thread, msgs)
+        for msg in msgs:
+            sim.queues[(msg.group, msg.src, msg.dst)].append(msg)
+        sim._runner._run_cond.notify_all()
+        return fake_work()
+
+    def _recv(self, tensors: Any, group: Any, src: int, tag: int) -> Any:
+        from torch._C._distributed_c10d import PythonCallbackWork
+
+        sim = self.sim
+        (tensor,) = tensors
+        wants = []
+        for g in p2p_groups(group):
+            wants.append((g, g[int(src)], self._me(g, "recv")))
+        done = [False]
+
+        def wait(timeout: Any = None) -> bool:
+            if done[0]:
+                return True
+            got = []
+            for g, s, d in wants:
+                q = sim.queues[(g, s, d)]
+                sim.wait_for(lambda q=q: len(q) > 0, f"a message from rank {s} to rank {d}")
+                msg = q.popleft()
+                with no_dispatch(), torch.no_grad():
+                    buf = tensor._local_tensors[d] if isinstance(tensor, LocalTensor) else tensor
+                    if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
+                        raise P2PGroupError(
+                            f"recv on rank {d} from rank {s}: the receive buffer is "
+                            f"{tuple(buf.shape)} {dtype_name(buf.dtype)} but rank {s} sent "
+                            f"{tuple(msg.value.shape)} {dtype_name(msg.value.dtype)}; "
+                            "they must match, as on real ranks"
+                        )
+                    buf.copy_(msg.value)
+                    if isinstance(tensor, LocalTensor):
+                        # The group's other ranks are simulated by other threads; here they mirror
+                        # the receiver, so rank-independent code (a received size) stays consistent.
+                        for r in g:
+                            if r != d and r in tensor._local_tensors:
+                                tensor._local_tensors[r].copy_(msg.value)
+                got.append(msg)
+            sim.on_recv(self.thread, got, id(tensor))
+            done[0] = True
+            return True
+
+        return dist.distributed_c10d.Work.boxed(PythonCallbackWork(wait))
+
+
+class P2PGroupError(RuntimeError):
+    """A send or recv the threaded simulation cannot map onto its threads."""
+
+
+_STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+_STAGE_OPS = ("get_fwd_recv_ops", "get_bwd_recv_ops", "get_fwd_send_ops", "get_bwd_send_ops")
+
+
+@contextlib.contextmanager
+def pipeline_stage_hooks(group_rank: Any, on_compute: Any, on_ops: Any) -> Iterator[None]:
+    """While a threaded run lasts, patch ``torch.distributed.pipelining``'s stage class:
+    ``group_rank(group)`` gives a new stage its rank in the pipeline group (``dist.get_rank`` is
+    0, or a per-rank value, in the simulator); ``on_compute(stage_index, method, chunk)`` is a
+    context manager around each forward / backward chunk; ``on_ops(stage_index, method, chunk,
+    ops)`` sees the P2POps a stage is about to send or receive."""
+    try:
+        from torch.distributed.pipelining.stage import _PipelineStageBase
+    except ImportError:
+        yield
+        return
+    originals: dict[str, Any] = {}
+    init = _PipelineStageBase.__dict__["__init__"]
+
+    @functools.wraps(init)
+    def stage_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self.group_rank = group_rank(self.group)
+
+    originals["__init__"] = init
+    _PipelineStageBase.__init__ = stage_init  # type: ignore[method-assign]
+
+    def compute(name: str, orig: Any) -> Any:
+        @functools.wraps(orig)
+        def wrapped(self: Any, chunk: int, *args: Any, **kwargs: Any) -> Any:
+            with on_compute(int(self.stage_index), name, int(chunk)):
+                return orig(self, chunk, *args, **kwargs)
+
+        return wrapped
+
+    def ops(name: str, orig: Any) -> Any:
+        @functools.wraps(orig)
+        def wrapped(self: Any, chunk: int, *args: Any, **kwargs: Any) -> Any:
+            out = orig(self, chunk, *args, **kwargs)
+            on_ops(int(self.stage_index), name, int(chunk), [op.tensor for op in out])
+            return out
+
+        return wrapped
+
+    for name in (*_STAGE_METHODS, *_STAGE_OPS):
+        orig = _PipelineStageBase.__dict__.get(name)
+        if orig is None:
+            continue
+        originals[name] = orig
+        setattr(_PipelineStageBase, name, (compute if name in _STAGE_METHODS else ops)(name, orig))
+    try:
+        yield
+    finally:
+        for name, orig in originals.items():
+            setattr(_PipelineStageBase, name, orig)

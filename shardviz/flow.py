@@ -61,6 +61,10 @@ def transfers(event: CollectiveEvent) -> list[Transfer]:
             out += [Transfer(g[i], g[j], None, None, True) for i, j in pairs]
         elif op == "all_to_all":
             out += [Transfer(g[i], g[j], j, i) for i, j in pairs]
+        elif op in ("send", "recv") and n == 2 and root in (0, 1):
+            # a pair: send's root is the destination, recv's the source
+            src, dst = (g[1 - root], g[root]) if op == "send" else (g[root], g[1 - root])
+            out.append(Transfer(src, dst))
         elif root is None or root >= n:
             continue
         elif op == "broadcast":
@@ -125,8 +129,9 @@ def _one(buf: Buffer) -> np.ndarray:
 def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
     """Each rank's output as the op's semantics compute it from the recorded inputs.
 
-    None when the inputs' values were not kept (value policy) or the op has no model (send/recv,
-    barrier). Ranks whose output the op leaves undefined (non-roots of gather/reduce) are absent.
+    None when the inputs' values were not kept (value policy) or the op has no model (send,
+    barrier, a recv recorded without its pair). Ranks whose output the op leaves undefined
+    (non-roots of gather/reduce) are absent.
     """
     op, root, p = event.op, event.root, event.params
     ins: dict[int, Buffer] = {}
@@ -141,6 +146,11 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
         listed_out = isinstance(event.outputs.get(g[0]), list)
         if op in ("broadcast", "scatter", "gather", "reduce") and (root is None or root >= n):
             return None
+        if op == "recv" and n == 2 and root in (0, 1):
+            if g[root] not in ins:
+                return None
+            out[g[1 - root]] = ins[g[root]]  # what arrives is what the source sent
+            continue
         if op not in ("broadcast", "scatter") and any(r not in ins for r in g):
             return None
         if op == "all_gather":

@@ -223,3 +223,146 @@ def _union_meshes(meshes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(key)
             out.append(m)
     return out
+
+
+def common_prefix(events: Mapping[int, Sequence[Event]]) -> int:
+    """How many leading events every rank recorded alike (the length of the SPMD prefix)."""
+    ranks = sorted(events)
+    shortest = min(len(events[r]) for r in ranks)
+    for i in range(shortest):
+        if len({repr(signature(events[r][i])) for r in ranks}) != 1:
+            return i
+    return shortest
+
+
+def merge_partial(
+    traces: Mapping[int, Trace],
+    backend: str,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    world_size: int | None = None,
+) -> Trace:
+    """Merge what ranks recorded even when they did not all get as far, or took different paths.
+
+    For a job's folder of per-rank traces, where a rank may have died, hung or diverged: the result
+    holds the events every rank recorded alike (the common prefix), ``complete`` is False when
+    anything is missing, and ``trace.notes`` says which rank stopped where and what the others did
+    next. Ranks with no trace at all (``world_size`` larger than the ranks given) are named too.
+    When every rank recorded the same whole sequence this is ``merge``.
+    """
+    if not traces:
+        raise ValueError("merge_partial needs at least one rank's trace")
+    ranks = sorted(traces)
+    world_size = world_size or max(t.world_size for t in traces.values())
+    absent = [r for r in range(world_size) if r not in traces]
+    events = {r: traces[r].events for r in ranks}
+    n = common_prefix(events)
+    same_length = len({len(e) for e in events.values()}) == 1
+    whole = same_length and n == len(events[ranks[0]])
+    while True:
+        cut = {r: _truncated(traces[r], n) for r in ranks}
+        try:
+            out = merge(cut, backend, values)
+            break
+        except SequenceMismatchError as e:  # groups that disagree inside the common prefix
+            if e.index >= n:
+                raise
+            n, whole = e.index, False
+    out.world_size = world_size
+    ended = [traces[r].meta.get("status") for r in ranks]
+    troubled = any(
+        isinstance(st, dict) and (st.get("how") != "finished" or "in_collective" in st) for st in ended
+    )
+    notes = _partial_report(traces, n, absent) if not whole or absent or troubled else []
+    stopped = {str(r): traces[r].meta.get("status") for r in ranks if traces[r].meta.get("status")}
+    out.meta = {"ranks": ranks, "common_prefix": n, **({"status": stopped} if stopped else {})}
+    if notes:
+        out.complete = False
+        out.notes = notes
+        if n:
+            out.meta["start_event"] = n - 1
+    if any(not traces[r].complete for r in ranks) or absent:
+        out.complete = False
+    return out
+
+
+def _truncated(trace: Trace, n: int) -> Trace:
+    if n >= len(trace.events):
+        return trace
+    t = Trace(trace.world_size, trace.backend, trace.values)
+    t.events = trace.events[:n]  # parents come before their children: the prefix is closed
+    t.meshes = trace.meshes
+    t.complete = False
+    vd = trace.values_dropped_from
+    t.values_dropped_from = vd if vd is not None and vd < n else None
+    return t
+
+
+def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[int]) -> list[str]:
+    ranks = sorted(traces)
+    events = {r: traces[r].events for r in ranks}
+    last = f"event #{n - 1} ({describe(events[ranks[0]][n - 1])})" if n else "no event"
+    if all(len(events[r]) == n for r in ranks):
+        lines = [f"every rank recorded the same {_events(n)}, but not every rank ended normally"]
+    else:
+        lines = [
+            f"the ranks recorded the same first {_events(n)}; this trace holds those (up to {last}), "
+            "not what came after"
+        ]
+    went_on: dict[str, list[int]] = {}
+    for r in ranks:
+        status = _status_text(traces[r])
+        if len(events[r]) > n:
+            went_on.setdefault(describe(events[r][n]), []).append(r)
+            continue
+        st = traces[r].meta.get("status")
+        ended_normally = isinstance(st, dict) and st.get("how") == "finished" and "in_collective" not in st
+        if ended_normally and all(len(events[q]) == n for q in ranks):
+            continue
+        after = f"after event #{n - 1} ({describe(events[r][n - 1])})" if n else "before recording any event"
+        lines.append(f"rank {r} stopped {after}{status}")
+    for d, rs in sorted(went_on.items(), key=lambda kv: kv[1]):
+        counts = sorted({len(events[r]) for r in rs})
+        lines.append(
+            f"{_ranks_text(rs)} went on to #{n}: {d} ({'/'.join(map(str, counts))} "
+            f"event{'s' if counts != [1] else ''} recorded)"
+            + "".join(f"; rank {r}{_status_text(traces[r])}" for r in rs if _status_text(traces[r]))
+        )
+    if len(went_on) > 1:
+        lines.append(f"the ranks that went on disagree at #{n}: code that branches on the rank")
+    for r in absent:
+        lines.append(
+            f"rank {r}: no trace (it died before shardviz wrote its file, or never started recording)"
+        )
+    return lines
+
+
+def _events(n: int) -> str:
+    return f"{n} event{'s' if n != 1 else ''}"
+
+
+def _status_text(trace: Trace) -> str:
+    """A job rank's own account of how it ended (``trace.meta['status']``, see shardviz.job)."""
+    st = trace.meta.get("status")
+    if not isinstance(st, dict):
+        return ""
+    parts = []
+    how = st.get("how")
+    if how == "error":
+        parts.append(f"it raised {str(st.get('error', 'an error'))[:200]}")
+    elif how == "signal":
+        parts.append(f"it was stopped by {st.get('signal', 'a signal')}")
+    elif how == "running":
+        parts.append(
+            "its file was last written while it ran (then it was killed, or it still hangs): what "
+            "it did after that is unknown"
+        )
+    elif how == "finished":
+        parts.append("it finished normally")
+    elif how == "exit":
+        parts.append(f"it called sys.exit({st.get('exit_code')!r}) inside the recorded block")
+    pending = st.get("in_collective")
+    if isinstance(pending, dict):
+        where = f" (line {pending['line']}: {pending.get('text', '')})" if pending.get("line") else ""
+        group = ",".join(str(x) for x in pending.get("group", ()))
+        parts.append(f"it was inside {pending.get('op')} on group [{group}]{where}, never finished")
+    return ": " + "; ".join(parts) if parts else ""

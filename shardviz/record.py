@@ -62,9 +62,23 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
         _set_last(trace)
 
 
-def run(fn: Callable[..., Any], *args: Any, values: str | int = DEFAULT_VALUE_BUDGET, **kwargs: Any) -> Trace:
+def run(
+    fn: Callable[..., Any],
+    *args: Any,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    threads: int | None = None,
+    **kwargs: Any,
+) -> Trace:
     """Run ``fn(*args, **kwargs)`` on every rank and return the Trace; ``trace.results[rank]`` is
-    what ``fn`` returned on that rank (a DTensor's local shard, a LocalTensor's per-rank tensor)."""
+    what ``fn`` returned on that rank (a DTensor's local shard, a LocalTensor's per-rank tensor).
+
+    ``threads=N`` (local backend) runs ``fn(thread, *args, **kwargs)`` in N simulated threads, one
+    per block of ``world_size / N`` ranks: for send/recv and pipelines (``shardviz.p2p``).
+    """
+    if threads is not None:
+        from .p2p import run as run_threads
+
+        return run_threads(fn, *args, threads=threads, values=values, **kwargs)
     if not callable(fn):
         raise TypeError(f"sv.run needs a callable, got {type(fn).__name__}")
     backend = backends.current()

@@ -89,6 +89,7 @@ _SPECS: dict[str, _Spec] = {
     "c10d.monitored_barrier_": _c10d("barrier", None, None),
     "c10d.send": _c10d("send", "tensors", None, root="dst"),
     "c10d.recv_": _c10d("recv", None, "tensors", root="src"),
+    "c10d.recv_any_source_": _c10d("recv", None, "tensors"),
     "_c10d_functional.all_reduce": _func("all_reduce", "input", reduce=True),
     "_c10d_functional.all_reduce_": _func("all_reduce", "input", "input", reduce=True),
     "_c10d_functional.all_reduce_coalesced": _func("all_reduce", "inputs", reduce=True),
@@ -658,6 +659,12 @@ class Recorder(_torch.DebugMode):
         self, entry: tuple[_Spec, str, list[str]], func: Any, args: Any, kwargs: dict[str, Any]
     ) -> Any:
         spec, impl, names = entry
+        if self.rank is None and spec.op in ("send", "recv"):
+            from .p2p import P2P_HELP, P2PError
+
+            raise P2PError(
+                f"{impl} cannot run in a plain simulation: every rank runs in one thread here.\n{P2P_HELP}"
+            )
         bound = dict(zip(names, args, strict=False))
         bound.update(kwargs)
         eid = self._reserve()
@@ -999,10 +1006,11 @@ def _mesh_dim(
     """The mesh dim whose groups these are: meshes of this trace (``own``) first, then any seen
     before. ``generation`` changes when a mesh is built or freed, so the memo follows them.
 
-    A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes.
+    A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes, and
+    the newest mesh breaks the rest (a 1-D mesh of the whole world runs on the default group).
     """
     name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
-    for shape, names, ranks in [*own, *_torch.known_mesh_infos()]:
+    for shape, names, ranks in [*own, *reversed(_torch.known_mesh_infos())]:
         if len(ranks) != sum(len(g) for g in groups):
             continue
         d = _mesh.match_dim(groups, shape, ranks)

@@ -88,8 +88,14 @@ def plot(obj: Any, **options: Any) -> Figure:
     came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
     time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
+    from .pipeline import Timeline
     from .views.mpl import plot_event, plot_layout, plot_trace
 
+    if isinstance(obj, Timeline):
+        from .views.pipeline_mpl import plot_timeline
+
+        _check_options("sv.plot", options, ("title",))
+        return plot_timeline(obj, **options)
     if isinstance(obj, Trace):
         _check_options("sv.plot", options, ("link", "title"))
         return plot_trace(obj, **options)

@@ -203,11 +203,25 @@ class LocalEvent(Event):
     outputs: PerRank = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeEvent(Event):
+    """A stretch of compute on some ranks, e.g. one pipeline stage's forward or backward of one
+    microbatch (``name``: ``"forward"``, ``"backward"``, ``"backward_weight"``); what it
+    communicates (tensor-parallel collectives) are its children."""
+
+    kind: str = "compute"
+    name: str = ""
+    ranks: tuple[int, ...] = ()
+    stage: int | None = None
+    microbatch: int | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     "collective": CollectiveEvent,
     "redistribute": RedistributeEvent,
     "op": OpEvent,
     "local": LocalEvent,
+    "compute": ComputeEvent,
 }
 
 
@@ -228,6 +242,12 @@ class Trace:
         self.values_dropped_from: int | None = None
         self.meshes: list[dict[str, Any]] = []
         self.complete = True
+        # What a reader should know before trusting the picture (a partial merge's report, a Flight
+        # Recorder dump's desyncs), one line each; printed by str(trace) and shown by the player.
+        self.notes: list[str] = []
+        # Plain JSON facts about where the trace came from: a job rank's status, the event a viewer
+        # should start at ("start_event"), a Flight Recorder dump's groups.
+        self.meta: dict[str, Any] = {}
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -487,6 +507,8 @@ def save(trace: Trace, path: str | Path) -> Path:
         "meshes": trace.meshes,
         "events": [w.event(e) for e in trace.events],
         "results": results,
+        "notes": list(trace.notes),
+        "meta": trace.meta,
     }
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -563,6 +585,8 @@ def load(path: str | Path) -> Trace:
             trace.values_dropped_from = doc.get("values_dropped_from")
             trace.complete = bool(doc.get("complete", True))
             trace.meshes = list(doc.get("meshes") or [])
+            trace.notes = [str(n) for n in doc.get("notes") or []]
+            trace.meta = dict(doc.get("meta") or {})
             trace.events = [_decode_event(e, array) for e in doc["events"]]
             if doc.get("results") is not None:
                 trace.results = {int(k): _decode_result(v, array) for k, v in doc["results"].items()}

@@ -724,6 +724,7 @@ class Model:
             )
         if not t.complete:
             notes.append("this trace is incomplete (a rank failed): the last steps may be missing")
+        notes.extend(getattr(t, "notes", ()))
         bus_total = sum(self.cost(e)[0] for e in t.events if isinstance(e, CollectiveEvent))
         hops_total = sum(self.cost(e)[1] for e in t.events if isinstance(e, CollectiveEvent))
         return {
@@ -807,7 +808,16 @@ class Model:
         if e.op == "barrier":
             notes.append("barrier: no data moves; every rank of the group waits until all have arrived")
         if e.op in ("send", "recv"):
-            notes.append("point-to-point: the player shows each rank's buffer; the pairing is not recorded")
+            pairs = [g for g in e.groups if len(g) == 2 and e.root in (0, 1)]
+            if pairs and e.root is not None:
+                src_i = 1 - e.root if e.op == "send" else e.root
+                moves = ", ".join(f"{g[src_i]}→{g[1 - src_i]}" for g in pairs)
+                verb = "sends" if e.op == "send" else "receives"
+                notes.append(f"point-to-point {e.op}: {moves} (the source {verb} its whole buffer)")
+            else:
+                notes.append(
+                    "point-to-point: the player shows each rank's buffer; the pairing is not recorded"
+                )
         if e.op == "reduce":
             notes.append(
                 "reduce: only the root's output is defined; other ranks' outputs are left as they were"
@@ -818,6 +828,10 @@ class Model:
             notes.append("scatter: only the root's input list is read")
         if not any(b.values for x in bufs.values() for b in x.values() if b):
             notes.append("values not kept for this step (value policy): shapes and bytes only")
+        if "flight" in e.params:
+            from ..flight import flight_notes
+
+            notes.extend(flight_notes(e))
         check = _flow.check(e)
         ring_ok = e.op in _ring.RING_OPS and bool(e.groups)
         ring_note = ""
@@ -1099,7 +1113,7 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
         self,
         trace: Trace,
         *,
-        step: int = 0,
+        step: int | None = None,
         link: str | None = None,
         local_steps: bool = False,
         title: str | None = None,
@@ -1118,6 +1132,11 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
             info=self._model.info(title),
             link=link,
         )
+        if step is None:  # where the trace says to look first (a desync, where a rank stopped)
+            start = trace.meta.get("start_event") if isinstance(getattr(trace, "meta", None), dict) else None
+            steps = self._model.steps
+            at = [k for k, e in enumerate(steps) if isinstance(start, int) and e.id <= start]
+            step = at[-1] if at else 0
         self.step = step
 
     @traitlets.validate("step")

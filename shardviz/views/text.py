@@ -78,6 +78,13 @@ def event_line(e: Event) -> str:
         ins = " ".join("[" + ",".join(p) + "]" for p in e.input_placements)
         outs = " ".join("[" + ",".join(p) + "]" for p in e.output_placements)
         return f"op {e.name} {ins} -> {outs or '-'}"
+    if e.kind == "compute":
+        parts = [getattr(e, "name", "") or "compute"]
+        if getattr(e, "stage", None) is not None:
+            parts.append(f"stage {e.stage}")  # type: ignore[attr-defined]
+        if getattr(e, "microbatch", None) is not None:
+            parts.append(f"microbatch {e.microbatch}")  # type: ignore[attr-defined]
+        return " ".join(parts) + f" on ranks {list(getattr(e, 'ranks', ()))}"
     return e.kind
 
 
@@ -97,4 +104,5 @@ def trace_text(trace: Trace) -> str:
         lines.append(f"{'  ' * d}#{e.id} {event_line(e)}{where}{src}")
     if trace.values_dropped_from is not None:
         lines.append(f"(values kept until the budget ran out at event #{trace.values_dropped_from})")
+    lines.extend(f"note: {n}" for n in getattr(trace, "notes", ()))
     return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""The pipeline timeline as a matplotlib Figure: one lane per rank, a box per forward / backward
+of a microbatch (coloured by microbatch, backward hatched), messages as arrows, idle time blank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
+
+
+def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
+    """``tl``: a ``shardviz.pipeline.Timeline``."""
+    ranks = list(tl.ranks)
+    lane = {r: i for i, r in enumerate(ranks)}
+    width = max(4.0, min(16.0, 1.0 + 0.5 * float(tl.makespan or 1)))
+    fig = Figure(figsize=(width, 1.0 + 0.45 * max(len(ranks), 1)))
+    ax = fig.add_subplot(1, 1, 1)
+    for i in tl.intervals:
+        y = lane[i.rank]
+        color = _COLORS[(i.microbatch or 0) % len(_COLORS)]
+        back = i.name != "forward"
+        box = Rectangle(
+            (i.start, y - 0.4),
+            i.end - i.start,
+            0.8,
+            facecolor=color,
+            alpha=0.55 if back else 0.9,
+            hatch="//" if back else None,
+            edgecolor="#333",
+            linewidth=0.6,
+        )
+        box.set_gid(f"interval-{i.rank}-{i.event}")
+        ax.add_patch(box)
+        ax.text((i.start + i.end) / 2, y, i.label, ha="center", va="center", fontsize=8)
+    for a in tl.arrows:
+        if a.src not in lane or a.dst not in lane:
+            continue
+        color = {"forward": "#1f4e79", "backward": "#8b1a1a"}.get(a.phase or "", "#999")
+        ax.add_patch(
+            FancyArrowPatch(
+                (a.start, lane[a.src]),
+                (a.end, lane[a.dst]),
+                arrowstyle="-|>",
+                mutation_scale=8,
+                color=color,
+                linewidth=0.8,
+                alpha=0.8,
+                gid=f"arrow-{a.send}-{a.recv}",
+            )
+        )
+    ax.set_xlim(0, max(float(tl.makespan), 1.0))
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_xlabel("step")
+    ax.spines[["top", "right"]].set_visible(False)
+    head = title or "pipeline timeline"
+    ax.set_title(
+        f"{head} · {len(ranks)} ranks · {float(tl.makespan):g} steps · bubble {tl.bubble:.1%}",
+        fontsize=10,
+        loc="left",
+    )
+    fig.tight_layout()
+    return fig
