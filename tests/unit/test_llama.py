@@ -69,3 +69,37 @@ def test_collectives_per_block_are_torchtitans(step):
             assert e.mesh_dim_name == "tp", e
     modules = {e.module for e in trace.collectives() if e.phase == "forward"}
     assert "Transformer.layers.0.attention" in modules and "Transformer.layers.1.feed_forward" in modules
+
+
+def test_fsdp2_over_dp_composed_with_tp_and_sp_trains_as_plain_torch():
+    from torch.distributed.fsdp import fully_shard
+
+    sv.use("local", world_size=8)
+    torch.manual_seed(0)
+    args = ModelArgs()
+    plain = Transformer(args)
+    batches = [torch.randint(0, args.vocab_size, (2, 16)) for _ in range(2)]  # one per dp group
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        model = Transformer(args)
+        model.load_state_dict(plain.state_dict())
+        parallelize(model, mesh["tp"])
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r // 4])).float().mean().backward()
+        opt.step()
+    ref_opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    (sum(plain(b).mean() for b in batches) / 2).backward()
+    ref_opt.step()
+    want = dict(plain.named_parameters())
+    with sv.record():
+        for name, p in model.named_parameters():
+            for r, t in _per_rank(p).items():
+                torch.testing.assert_close(t, want[name], atol=1e-5, rtol=1e-4, msg=f"{name} rank {r}")
+    dp = [e for e in trace.collectives() if e.mesh_dim_name == "dp" and e.phase]
+    assert {e.op for e in dp} == {"all_gather", "reduce_scatter"}
+    assert all(e.groups == ((0, 4), (1, 5), (2, 6), (3, 7)) for e in dp)
+    modules = {e.module for e in dp}
+    assert {"FSDPTransformer", "FSDPTransformer.layers.0", "FSDPTransformer.layers.1"} <= modules, modules
