@@ -23,33 +23,13 @@ import numpy as np
 
 from .layout import Layout
 from .layout import compute as _compute_layout
+from .trace import DTYPE_SIZES
 from .views.geometry import rank_list
 
 KINDS = ("param", "buffer", "grad", "optimizer")
 
 # Bytes per element of the dtypes torch names; anything else is asked of torch once.
-_ITEMSIZE = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "float8_e4m3fnuz": 1,
-    "float8_e5m2fnuz": 1,
-    "int16": 2,
-    "uint16": 2,
-    "float16": 2,
-    "bfloat16": 2,
-    "int32": 4,
-    "uint32": 4,
-    "float32": 4,
-    "complex32": 4,
-    "int64": 8,
-    "uint64": 8,
-    "float64": 8,
-    "complex64": 8,
-    "complex128": 16,
-}
+_ITEMSIZE = dict(DTYPE_SIZES)
 
 
 def itemsize(dtype: str) -> int:
@@ -480,14 +460,7 @@ def _modules_from_names(rows: Iterable[TensorRow]) -> tuple[tuple[str, str], ...
 def fmt_bytes(n: int) -> str:
     """Exact bytes, with a binary unit beside them past 1 KiB: ``"1536 B (1.5 KiB)"``."""
     n = int(n)
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{n} B ({value:.1f} {unit})"
-    raise AssertionError
+    return f"{n} B" if n < 1024 else f"{n} B ({short_bytes(n)})"
 
 
 def short_bytes(n: int) -> str:

@@ -336,32 +336,34 @@ class Trace:
         return save(self, path)
 
 
+# Bytes per element of the torch dtypes, by name.
+DTYPE_SIZES = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "int16": 2,
+    "uint16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "float32": 4,
+    "complex32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
 def dtype_size(dtype: str) -> int:
     """Bytes per element of a torch dtype name (``"float32"``, ``"bfloat16"``, ...)."""
-    name = dtype.removeprefix("torch.")
-    sizes = {
-        "bool": 1,
-        "uint8": 1,
-        "int8": 1,
-        "float8_e4m3fn": 1,
-        "float8_e5m2": 1,
-        "float8_e4m3fnuz": 1,
-        "float8_e5m2fnuz": 1,
-        "int16": 2,
-        "uint16": 2,
-        "float16": 2,
-        "bfloat16": 2,
-        "int32": 4,
-        "uint32": 4,
-        "float32": 4,
-        "complex32": 4,
-        "int64": 8,
-        "uint64": 8,
-        "float64": 8,
-        "complex64": 8,
-        "complex128": 16,
-    }
-    return sizes.get(name, 4)
+    return DTYPE_SIZES.get(dtype.removeprefix("torch."), 4)
 
 
 def _results_eq(a: dict[int, Any] | None, b: dict[int, Any] | None) -> bool:
