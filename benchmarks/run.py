@@ -545,7 +545,7 @@ def bench_llama() -> list[Row]:
         'sv.record(values="none")': lambda: sv.record(values="none"),
         "sv.record() (default value policy)": lambda: sv.record(),
     }
-    med, ratio = interleaved(cases, step, rounds=12)
+    med, ratio = interleaved(cases, step, rounds=20)
     base = med["bare LocalTensorMode"]
     targets = {
         'sv.record(values="none")': " (target <= 1.10)",
