@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from .model import ModelMap
     from .views.model_view import ModelWidget
+    from .views.pipeline_svg import TimelineView
     from .views.player import PlayerWidget
     from .views.widgets import LayoutWidget
 
@@ -38,7 +39,7 @@ _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 
 
-def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget:
+def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget | TimelineView:
     """The layout view of a DTensor, a LocalTensor or a Layout, or the collective player of a
     Trace (or of one event), as a notebook widget.
 
@@ -47,8 +48,12 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget:
     when they are too many to draw side by side), and for a Layout ``values={rank: array}``.
     Player options: see :func:`play`. An ``nn.Module`` (or a ModelMap from ``sv.model_map``) is
     drawn as its model map: options ``optimizer``, ``world_size``, ``rank``, ``selected`` (a
-    tensor's name: its layout opens), ``title``.
+    tensor's name: its layout opens), ``title``. A pipeline Timeline (``sv.pipeline_timeline``)
+    is drawn as its lanes (SVG; option ``title``).
     """
+    timeline = _timeline_view(obj, "sv.show", options)
+    if timeline is not None:
+        return timeline
     if isinstance(obj, Trace | Event):
         return _player(obj, "sv.show", options)
     if _is_model(obj):
@@ -124,6 +129,9 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
     """
     from .views.widgets import EXPORT_VALUES_BUDGET
 
+    timeline = _timeline_view(obj, "sv.export_html", options)
+    if timeline is not None:
+        return timeline.export_html(path)
     budget = options.pop("values_budget", EXPORT_VALUES_BUDGET)
     if isinstance(obj, Trace | Event):
         player = _player(obj, "sv.export_html", options)
@@ -143,6 +151,17 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
         return widget.export_html(path, values_budget=budget)
     finally:
         widget.close()
+
+
+def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView | None:
+    from .pipeline import Timeline
+
+    if not isinstance(obj, Timeline):
+        return None
+    from .views.pipeline_svg import TimelineView
+
+    _check_options(who, options, ("title",))
+    return TimelineView(obj, **options)
 
 
 # ---- torch -> plain data ------------------------------------------------------------------------

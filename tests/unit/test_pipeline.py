@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import shardviz as sv
 from shardviz.pipeline import timeline
+from shardviz.views.pipeline_svg import TimelineView
 
 M, B, D = 4, 8, 8  # microbatches, batch, width
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B, "Interleaved1F1B": ScheduleInterleaved1F1B}
@@ -202,3 +204,43 @@ def test_plot_timeline():
     assert "bubble 20.0%" in ax.get_title(loc="left")
     assert len([p for p in ax.patches if (p.get_gid() or "").startswith("interval-")]) == 16
     assert len([p for p in ax.patches if (p.get_gid() or "").startswith("arrow-")]) == len(tl.arrows)
+
+
+# --- the SVG view of a timeline (sv.show / sv.export_html) -----------------------------------
+
+GPIPE = ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]
+
+
+@pytest.fixture(scope="module")
+def gpipe():
+    trace, _ = run_pipeline("GPipe", pp=2)
+    return sv.pipeline_timeline(trace)
+
+
+def test_svg_lanes_boxes_and_arrows(gpipe):
+    timeline = gpipe
+    view = sv.show(timeline)
+    assert isinstance(view, TimelineView)
+    svg = ET.fromstring(view.svg())
+    assert svg.get("data-shardviz-view") == "pipeline"
+    assert float(svg.get("data-bubble")) == pytest.approx(1 / 5)  # (p-1)/(m+p-1), p=2, m=4
+    lanes = svg.findall("{*}g[@data-rank]")
+    assert [lane.get("data-rank") for lane in lanes] == ["0", "1"]
+    for lane in lanes:
+        assert [b.get("data-action-label") for b in lane.findall("{*}g[@data-action-label]")] == GPIPE
+    arrows = [
+        (a.get("data-src"), a.get("data-dst"), a.get("data-phase")) for a in svg.findall("{*}g[@data-src]")
+    ]
+    assert arrows.count(("0", "1", "forward")) == 4 and arrows.count(("1", "0", "backward")) == 4
+
+
+def test_svg_text_html_and_export(gpipe, tmp_path):
+    timeline = gpipe
+    view = sv.show(timeline, title="GPipe")
+    bundle = view._repr_mimebundle_()
+    assert bundle["text/plain"] == str(timeline)
+    assert "GPipe" in bundle["text/html"]
+    html = sv.export_html(timeline, tmp_path / "pipe.html").read_text()
+    assert html.count('data-action-label="F0"') == 2 and "<script" not in html
+    with pytest.raises(TypeError, match="unknown option"):
+        sv.show(timeline, link="pcie5")

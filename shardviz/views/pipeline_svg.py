@@ -1,0 +1,123 @@
+"""The pipeline timeline as SVG: one lane per rank, a box per forward / backward of a microbatch,
+an arrow per message, the idle cells left blank (the bubble).
+
+Static by design: a notebook shows it with no kernel and no widget runtime, and the same markup
+is the offline HTML export. Boxes and arrows carry their details as SVG ``<title>`` tooltips and
+as ``data-*`` attributes, so a test (or a reader's browser) can find them.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from ..pipeline import Timeline
+
+STEP = 44  # pixels per step
+LANE = 34  # pixels per lane
+LEFT = 64  # room for the rank labels
+TOP = 28  # room for the title
+# Paul Tol's muted palette, one colour per microbatch (repeating), forward light, backward dark.
+_COLOURS = ("#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+
+
+def timeline_svg(tl: Timeline, title: str | None = None) -> str:
+    """The timeline as one ``<svg>`` element."""
+    width = LEFT + max(tl.makespan, 1) * STEP + 16
+    height = TOP + len(tl.ranks) * LANE + 24
+    lane_of = {r: k for k, r in enumerate(tl.ranks)}
+    head = title or (
+        f"Pipeline timeline: {len(tl.ranks)} ranks, {_num(tl.makespan)} steps, bubble {tl.bubble:.1%}"
+    )
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" data-shardviz-view="pipeline" width="{width:.0f}" '
+        f'height="{height:.0f}" font-family="sans-serif" font-size="11" '
+        f'data-bubble="{tl.bubble:.4f}" data-makespan="{_num(tl.makespan)}">',
+        f'<text x="4" y="16" font-size="12">{escape(head)}</text>',
+    ]
+    for r, k in lane_of.items():
+        y = TOP + k * LANE
+        out.append(f'<g data-rank="{r}">')
+        out.append(f'<text x="4" y="{y + LANE / 2 + 4:.0f}">rank {r}</text>')
+        out.append(
+            f'<rect x="{LEFT}" y="{y + 2}" width="{tl.makespan * STEP:.0f}" height="{LANE - 4}" '
+            'fill="#f2f2f2" stroke="#ddd"/>'
+        )
+        for i in tl.lane(r):
+            mb = i.microbatch if i.microbatch is not None else 0
+            colour = _COLOURS[mb % len(_COLOURS)]
+            backward = i.name != "forward"
+            x = LEFT + i.start * STEP
+            w = (i.end - i.start) * STEP
+            steps = f"{_num(i.start)}-{_num(i.end)}"
+            tip = f"rank {r}: {i.name}, stage {i.stage}, microbatch {i.microbatch}, steps {steps}"
+            dash = " stroke-dasharray='3,2'" if backward else ""
+            out.append(
+                f'<g data-action-label="{escape(i.label)}" data-microbatch="{mb}" data-phase="{i.name}">'
+                f"<title>{escape(tip)}</title>"
+                f'<rect x="{x + 1:.0f}" y="{y + 4}" width="{w - 2:.0f}" height="{LANE - 8}" rx="3" '
+                f'fill="{colour}" fill-opacity="{0.55 if backward else 1}" stroke="#333"'
+                f"{dash}/>"
+                f'<text x="{x + w / 2:.0f}" y="{y + LANE / 2 + 4:.0f}" text-anchor="middle">'
+                f"{escape(i.label)}</text></g>"
+            )
+        out.append("</g>")
+    for a in tl.arrows:
+        if a.src not in lane_of or a.dst not in lane_of:
+            continue
+        y1 = TOP + lane_of[a.src] * LANE + (LANE - 4 if lane_of[a.dst] > lane_of[a.src] else 4)
+        y2 = TOP + lane_of[a.dst] * LANE + (4 if lane_of[a.dst] > lane_of[a.src] else LANE - 4)
+        x1, x2 = LEFT + a.start * STEP, LEFT + a.end * STEP
+        colour = "#333" if a.phase == "forward" else ("#AA3377" if a.phase == "backward" else "#999")
+        tip = f"{a.phase or 'message'} {a.src} -> {a.dst}, microbatch {a.microbatch}, step {_num(a.start)}"
+        out.append(
+            f'<g data-src="{a.src}" data-dst="{a.dst}" data-phase="{a.phase or ""}">'
+            f"<title>{escape(tip)}</title>"
+            f'<line x1="{x1:.0f}" y1="{y1}" x2="{x2:.0f}" y2="{y2}" stroke="{colour}" stroke-width="1.2"/>'
+            f'<circle cx="{x2:.0f}" cy="{y2}" r="2.5" fill="{colour}"/></g>'
+        )
+    legend_y = TOP + len(tl.ranks) * LANE + 16
+    out.append(
+        f'<text x="{LEFT}" y="{legend_y}" fill="#555">F forward (solid), B backward (dashed); '
+        "one colour per microbatch; lines: activations (dark) and gradients (magenta); "
+        "grey: idle</text>"
+    )
+    out.append("</svg>")
+    return "".join(out)
+
+
+class TimelineView:
+    """What ``sv.show(timeline)`` returns: the SVG in a notebook, the text table elsewhere."""
+
+    def __init__(self, timeline: Timeline, title: str | None = None) -> None:
+        if not isinstance(timeline, Timeline):
+            raise TypeError(
+                f"TimelineView needs a Timeline (sv.pipeline_timeline(trace)), got {type(timeline).__name__}"
+            )
+        self.timeline = timeline
+        self.title = title
+
+    def svg(self) -> str:
+        return timeline_svg(self.timeline, self.title)
+
+    def __repr__(self) -> str:
+        return str(self.timeline)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": repr(self), "text/html": self.svg()}
+
+    def export_html(self, path: str | Path) -> Path:
+        """One self-contained HTML file: the SVG and the text, no script, no network."""
+        path = Path(path)
+        text = escape(str(self.timeline))
+        path.write_text(
+            "<!doctype html><html><head><meta charset='utf-8'><title>shardviz pipeline timeline</title>"
+            f"</head><body>{self.svg()}<pre>{text}</pre></body></html>",
+            encoding="utf-8",
+        )
+        return path
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
