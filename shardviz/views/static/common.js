@@ -72,9 +72,12 @@ function heatRGB(t) {
 
 // Values as sent by the kernel: {shape, source_shape, step, format, dtype} + one buffer.
 function decodeValues(meta, buffer) {
-  const bytes = buffer instanceof DataView
-    ? buffer.buffer.slice(buffer.byteOffset, buffer.byteOffset + buffer.byteLength)
-    : buffer instanceof ArrayBuffer ? buffer : buffer.buffer.slice(buffer.byteOffset, buffer.byteOffset + buffer.byteLength);
+  const bytes =
+    buffer instanceof DataView
+      ? buffer.buffer.slice(buffer.byteOffset, buffer.byteOffset + buffer.byteLength)
+      : buffer instanceof ArrayBuffer
+        ? buffer
+        : buffer.buffer.slice(buffer.byteOffset, buffer.byteOffset + buffer.byteLength);
   const fmt = meta.format;
   let data;
   if (fmt === "u1") data = new Uint8Array(bytes);
@@ -222,7 +225,8 @@ function computeBlocks(geo, rd, cd, index, px = TENSOR_PX) {
       }
       for (const [a, b] of s.runs[dim]) {
         // every interval [cs[k], cs[k+1]) that overlaps [a, b)
-        let lo = 0, hi = cs.length - 1;
+        let lo = 0,
+          hi = cs.length - 1;
         while (lo < hi) {
           const mid = (lo + hi + 1) >> 1;
           if (cs[mid] <= a) lo = mid;
@@ -297,7 +301,11 @@ function drawTensorGrid(geo, box, opts) {
   const padR = 18;
   const wrap = html("div", { class: "sv-tensor-wrap", style: `width:${w + padL + padR}px;height:${h + padT + 4}px` }, box);
   const canvas = html("canvas", { class: "sv-heat", width: 1, height: 1, style: `left:${padL}px;top:${padT}px;width:${w}px;height:${h}px` }, wrap);
-  const root_ = svg("svg", { width: w + padL + padR, height: h + padT + 4, class: "sv-tensor-svg", role: "img", "aria-label": `global tensor ${fmtShape(gshape)}` }, wrap);
+  const root_ = svg(
+    "svg",
+    { width: w + padL + padR, height: h + padT + 4, class: "sv-tensor-svg", role: "img", "aria-label": `global tensor ${fmtShape(gshape)}` },
+    wrap,
+  );
   const defs = svg("defs", {}, root_);
   const used = new Set();
   const hatchId = `${uid}-hatch`;
@@ -331,7 +339,10 @@ function drawTensorGrid(geo, box, opts) {
   const singles = res.blocks.filter((b) => b.owners.length === 1);
   const labelSingles = singles.every((b) => fits(`r${b.owners[0]}`, b));
   for (const b of res.blocks) {
-    const x = b.c0 * sx, y = b.r0 * sy, bw = (b.c1 - b.c0) * sx, bh = (b.r1 - b.r0) * sy;
+    const x = b.c0 * sx,
+      y = b.r0 * sy,
+      bw = (b.c1 - b.c0) * sx,
+      bh = (b.r1 - b.r0) * sy;
     if (!b.owners.length) {
       svg("rect", { x, y, width: bw, height: bh, class: "sv-unowned" }, g);
       continue;
@@ -353,7 +364,7 @@ function drawTensorGrid(geo, box, opts) {
     if (partial) svg("rect", { x, y, width: bw, height: bh, fill: `url(#${hatchId})`, class: "sv-partial" }, bg);
     if (bw >= 5 && bh >= 5) svg("rect", { x, y, width: bw, height: bh, class: "sv-block-edge" }, bg);
     // label: owners, and the local shape of a single owner (uneven / empty shards stand out)
-    let label = b.owners.length === 1 ? `r${b.owners[0]}` : b.owners.length <= maxStripes ? `r${rankList(b.owners)}` : `${b.owners.length} ranks`;
+    const label = b.owners.length === 1 ? `r${b.owners[0]}` : b.owners.length <= maxStripes ? `r${rankList(b.owners)}` : `${b.owners.length} ranks`;
     const one = b.owners.length === 1 ? geo.byRank.get(b.owners[0]) : null;
     const sub = one ? fmtShape(one.shape) : partial ? "partial" : "shared";
     const fs = fontFor(b);
@@ -363,7 +374,12 @@ function drawTensorGrid(geo, box, opts) {
       const two = bh >= fs * 2.6 && sub.length * fs * 0.55 < bw - 2;
       const ty = y + bh / 2 + (two ? -fs * 0.15 : fs * 0.35);
       svg("text", { x: x + bw / 2, y: ty, "font-size": fs, fill: st.text, stroke: st.fill, class: cls, "text-anchor": "middle" }, bg).textContent = label;
-      if (two) svg("text", { x: x + bw / 2, y: ty + fs * 1.05, "font-size": fs * 0.85, fill: st.text, stroke: st.fill, class: cls, "text-anchor": "middle" }, bg).textContent = sub;
+      if (two)
+        svg(
+          "text",
+          { x: x + bw / 2, y: ty + fs * 1.05, "font-size": fs * 0.85, fill: st.text, stroke: st.fill, class: cls, "text-anchor": "middle" },
+          bg,
+        ).textContent = sub;
     }
   }
   // element grid so that every element is visible on small tensors
@@ -410,33 +426,73 @@ function drawMeshGrids(geo, box, opts) {
     const gbox = html("div", { class: "sv-mesh-grid" }, grids);
     if (ms.length >= 3) {
       const coord = geo.coords[gi * perGrid];
-      const name = coord.slice(0, -2).map((c, m) => `${labels[m]} = ${c}`).join(", ");
+      const name = coord
+        .slice(0, -2)
+        .map((c, m) => `${labels[m]} = ${c}`)
+        .join(", ");
       html("div", { class: "sv-grid-title" }, gbox, name);
     }
-    const W = colsN * cellPx + padL + 2, H = rowsN * cellPx + padT + 2;
+    const W = colsN * cellPx + padL + 2,
+      H = rowsN * cellPx + padT + 2;
     const s = svg("svg", { width: W, height: H, role: "group", "aria-label": "mesh" }, gbox);
     if (ms.length >= 2) {
       svg("text", { x: padL, y: 11, class: "sv-axis-label" }, s).textContent = `${labels[ms.length - 1]} (${colsN}) →`;
-      svg("text", { x: 11, y: padT + (rowsN * cellPx) / 2, class: "sv-axis-label", "text-anchor": "middle", transform: `rotate(-90 11 ${padT + (rowsN * cellPx) / 2})` }, s).textContent = `${labels[ms.length - 2]} (${rowsN}) →`;
+      svg(
+        "text",
+        { x: 11, y: padT + (rowsN * cellPx) / 2, class: "sv-axis-label", "text-anchor": "middle", transform: `rotate(-90 11 ${padT + (rowsN * cellPx) / 2})` },
+        s,
+      ).textContent = `${labels[ms.length - 2]} (${rowsN}) →`;
     } else {
       svg("text", { x: padL, y: 11, class: "sv-axis-label" }, s).textContent = `${labels[0]} (${ms[0]}) →`;
     }
     for (let k = 0; k < perGrid; k++) {
       const sh = geo.shards[gi * perGrid + k];
-      const r = Math.floor(k / colsN), c = k % colsN;
-      const x = padL + c * cellPx, y = padT + r * cellPx;
-      const cellG = svg("g", { class: `sv-cell${sh.empty ? " sv-empty" : ""}`, tabindex: 0, role: "button", "aria-label": `rank ${sh.rank}, coord (${sh.coord.join(", ")}), local shape ${fmtShape(sh.shape)}${sh.empty ? ", empty" : ""}` }, s);
+      const r = Math.floor(k / colsN),
+        c = k % colsN;
+      const x = padL + c * cellPx,
+        y = padT + r * cellPx;
+      const cellG = svg(
+        "g",
+        {
+          class: `sv-cell${sh.empty ? " sv-empty" : ""}`,
+          tabindex: 0,
+          role: "button",
+          "aria-label": `rank ${sh.rank}, coord (${sh.coord.join(", ")}), local shape ${fmtShape(sh.shape)}${sh.empty ? ", empty" : ""}`,
+        },
+        s,
+      );
       addRegion(cellG, sh.rank);
       const st = rankStyle(geo.palette, sh.rank);
-      svg("rect", { x: x + 1, y: y + 1, width: cellPx - 2, height: cellPx - 2, rx: 3, fill: sh.empty ? "#ffffff" : fillFor(sh.rank, defs, used), class: "sv-cell-rect" }, cellG);
+      svg(
+        "rect",
+        { x: x + 1, y: y + 1, width: cellPx - 2, height: cellPx - 2, rx: 3, fill: sh.empty ? "#ffffff" : fillFor(sh.rank, defs, used), class: "sv-cell-rect" },
+        cellG,
+      );
       if (geo.partial && !sh.empty) svg("rect", { x: x + 1, y: y + 1, width: cellPx - 2, height: cellPx - 2, rx: 3, class: "sv-partial-cell" }, cellG);
       const fs = Math.min(13, cellPx * 0.36);
       if (cellPx >= 16) {
         const ink = sh.empty ? "#333" : st.text;
         const showShape = cellPx >= 40;
         const halo = sh.empty ? "#ffffff" : st.fill;
-        svg("text", { x: x + cellPx / 2, y: y + cellPx / 2 + (showShape ? -1 : fs * 0.35), "font-size": fs, fill: ink, stroke: halo, "text-anchor": "middle", class: "sv-label" }, cellG).textContent = String(sh.rank);
-        if (showShape) svg("text", { x: x + cellPx / 2, y: y + cellPx / 2 + fs, "font-size": fs * 0.75, fill: ink, stroke: halo, "text-anchor": "middle", class: "sv-label" }, cellG).textContent = sh.empty ? "empty" : fmtShape(sh.shape);
+        svg(
+          "text",
+          {
+            x: x + cellPx / 2,
+            y: y + cellPx / 2 + (showShape ? -1 : fs * 0.35),
+            "font-size": fs,
+            fill: ink,
+            stroke: halo,
+            "text-anchor": "middle",
+            class: "sv-label",
+          },
+          cellG,
+        ).textContent = String(sh.rank);
+        if (showShape)
+          svg(
+            "text",
+            { x: x + cellPx / 2, y: y + cellPx / 2 + fs, "font-size": fs * 0.75, fill: ink, stroke: halo, "text-anchor": "middle", class: "sv-label" },
+            cellG,
+          ).textContent = sh.empty ? "empty" : fmtShape(sh.shape);
       }
     }
   }

@@ -228,10 +228,15 @@ function render({ model, el, experimental }) {
     for (const s of shown) {
       const item = html("span", { class: "sv-swatch-item" }, list);
       const sw = svg("svg", { width: 14, height: 14 }, item);
-      svg("rect", { width: 14, height: 14, rx: 2, fill: s.empty ? "#fff" : fillFor(s.rank, defs, used), stroke: "#555", "stroke-dasharray": s.empty ? "2,2" : "" }, sw);
+      svg(
+        "rect",
+        { width: 14, height: 14, rx: 2, fill: s.empty ? "#fff" : fillFor(s.rank, defs, used), stroke: "#555", "stroke-dasharray": s.empty ? "2,2" : "" },
+        sw,
+      );
       item.appendChild(document.createTextNode(` r${s.rank} ${fmtShape(s.shape)}`));
     }
-    if (n > shown.length) html("span", { class: "sv-note" }, list, `… colours and patterns repeat every ${shown.length} ranks; hover or type a rank to find it`);
+    if (n > shown.length)
+      html("span", { class: "sv-note" }, list, `… colours and patterns repeat every ${shown.length} ranks; hover or type a rank to find it`);
     const ul = html("ul", { class: "sv-notes" }, legend);
     for (const line of geo.notes) html("li", {}, ul, line);
     if (geo.shards.some((s) => s.empty)) html("li", {}, ul, "dashed white cell = empty shard (0 elements)");
@@ -278,14 +283,22 @@ function render({ model, el, experimental }) {
     for (let d = 0; d < vals.shape.length; d++) if (d !== rd && d !== cd) base += Math.floor(idx[d] / step[d]) * vals.strides[d];
     const rs = rd === null ? 0 : vals.strides[rd];
     const cs = cd === null ? 0 : vals.strides[cd];
-    let lo = Infinity, hi = -Infinity, nan = 0, pinf = 0, ninf = 0;
-    for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) {
-      const v = vals.heat(base + i * rs + j * cs);
-      if (Number.isNaN(v)) nan++;
-      else if (v === Infinity) pinf++;
-      else if (v === -Infinity) ninf++;
-      else { if (v < lo) lo = v; if (v > hi) hi = v; }
-    }
+    let lo = Infinity,
+      hi = -Infinity,
+      nan = 0,
+      pinf = 0,
+      ninf = 0;
+    for (let i = 0; i < rows; i++)
+      for (let j = 0; j < cols; j++) {
+        const v = vals.heat(base + i * rs + j * cs);
+        if (Number.isNaN(v)) nan++;
+        else if (v === Infinity) pinf++;
+        else if (v === -Infinity) ninf++;
+        else {
+          if (v < lo) lo = v;
+          if (v > hi) hi = v;
+        }
+      }
     const canvas = st.canvas;
     canvas.width = cols;
     canvas.height = rows;
@@ -293,12 +306,16 @@ function render({ model, el, experimental }) {
     const img = ctx.createImageData(cols, rows);
     const span = hi > lo ? hi - lo : 1;
     const nanRGB = lerpColor(NAN_COLOR, NAN_COLOR, 0);
-    for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) {
-      const v = vals.heat(base + i * rs + j * cs);
-      const rgb = Number.isNaN(v) ? nanRGB : v === Infinity ? heatRGB(1) : v === -Infinity ? heatRGB(0) : heatRGB((v - lo) / span);
-      const o = 4 * (i * cols + j);
-      img.data[o] = rgb[0]; img.data[o + 1] = rgb[1]; img.data[o + 2] = rgb[2]; img.data[o + 3] = 255;
-    }
+    for (let i = 0; i < rows; i++)
+      for (let j = 0; j < cols; j++) {
+        const v = vals.heat(base + i * rs + j * cs);
+        const rgb = Number.isNaN(v) ? nanRGB : v === Infinity ? heatRGB(1) : v === -Infinity ? heatRGB(0) : heatRGB((v - lo) / span);
+        const o = 4 * (i * cols + j);
+        img.data[o] = rgb[0];
+        img.data[o + 1] = rgb[1];
+        img.data[o + 2] = rgb[2];
+        img.data[o + 3] = 255;
+      }
     ctx.putImageData(img, 0, 0);
     root.classList.add("sv-heat-on");
     if (lg) {
@@ -486,7 +503,7 @@ function render({ model, el, experimental }) {
     setTrait("selected", model.get("selected") === r ? -1 : r);
   }
   function onClick(ev) {
-    if (ev.target.closest && ev.target.closest("button, input, select")) return;
+    if (ev.target.closest?.("button, input, select")) return;
     select(ranksOf(ev.target));
   }
   function onKey(ev) {

@@ -54,7 +54,12 @@ function render({ model, el, experimental }) {
     const most = tot.length ? Math.max(...tot) : 0;
     const least = tot.length ? Math.min(...tot) : 0;
     const dims = s.mesh_dims.map((d) => `${d.name} (${d.size}) shards ${fmtBytes(d.sharded)}`).join(" · ");
-    html("div", { class: "sv-sub" }, head, `${n} tensors on ${s.world_size} ranks · unsharded ${fmtBytes(s.global_bytes)} · per rank ${least === most ? fmtBytes(most) : `${fmtBytes(least)} – ${fmtBytes(most)}`}${dims ? ` · ${dims}` : ""}`);
+    html(
+      "div",
+      { class: "sv-sub" },
+      head,
+      `${n} tensors on ${s.world_size} ranks · unsharded ${fmtBytes(s.global_bytes)} · per rank ${least === most ? fmtBytes(most) : `${fmtBytes(least)} – ${fmtBytes(most)}`}${dims ? ` · ${dims}` : ""}`,
+    );
   }
 
   // Bytes per rank, stacked by kind; one bar per rank (thin bars past a few hundred ranks).
@@ -102,7 +107,12 @@ function render({ model, el, experimental }) {
       const v = input.value === "" ? -1 : Number(input.value);
       if (v === -1 || (Number.isInteger(v) && v >= 0 && v < s.world_size)) setTrait("rank", v);
     });
-    html("span", { class: "sv-note" }, controls, r >= 0 ? ` showing rank ${r}'s bytes and local shapes` : " (empty: bytes per rank as grouped over every rank)");
+    html(
+      "span",
+      { class: "sv-note" },
+      controls,
+      r >= 0 ? ` showing rank ${r}'s bytes and local shapes` : " (empty: bytes per rank as grouped over every rank)",
+    );
   }
 
   function fetchLayout(k) {
@@ -138,7 +148,16 @@ function render({ model, el, experimental }) {
     const byRank = rankReply && rankReply.rank === rank ? rankReply : null;
     const table = html("table", { class: "sv-model-table" }, tableBox);
     const hr = html("tr", {}, html("thead", {}, table));
-    const cols = ["name", "kind", "shape", "dtype", "mesh", "placements", byRank ? `local shape (rank ${rank})` : "local shape", byRank ? `bytes (rank ${rank})` : "bytes/rank"];
+    const cols = [
+      "name",
+      "kind",
+      "shape",
+      "dtype",
+      "mesh",
+      "placements",
+      byRank ? `local shape (rank ${rank})` : "local shape",
+      byRank ? `bytes (rank ${rank})` : "bytes/rank",
+    ];
     for (const c of cols) html("th", {}, hr, c);
     const body = html("tbody", {}, table);
     let current = -1;
@@ -151,7 +170,11 @@ function render({ model, el, experimental }) {
       }
       const mname = (s.modules[R.module[i]] || [""])[0];
       const leaf = mname && R.name[i].startsWith(`${mname}.`) ? R.name[i].slice(mname.length + 1) : R.name[i];
-      const tr = html("tr", { class: `sv-row sv-kind-${R.kind[i]}${i === sel ? " sv-selected" : ""}`, "data-row": i, "data-name": R.name[i], tabindex: 0 }, body);
+      const tr = html(
+        "tr",
+        { class: `sv-row sv-kind-${R.kind[i]}${i === sel ? " sv-selected" : ""}`, "data-row": i, "data-name": R.name[i], tabindex: 0 },
+        body,
+      );
       html("td", { class: "sv-name" }, tr, leaf);
       html("td", {}, tr, R.kind[i]);
       html("td", {}, tr, fmtShape(R.shape[i]));
@@ -181,7 +204,12 @@ function render({ model, el, experimental }) {
       return;
     }
     const k = s.rows.layout[i];
-    html("div", { class: "sv-panel-title" }, detail, `${s.rows.name[i]} · ${fmtShape(s.rows.shape[i])} ${s.rows.dtype[i]} · ${s.rows.placements[i].length ? `[${s.rows.placements[i].join(", ")}]` : "plain: replicated on every rank"}`);
+    html(
+      "div",
+      { class: "sv-panel-title" },
+      detail,
+      `${s.rows.name[i]} · ${fmtShape(s.rows.shape[i])} ${s.rows.dtype[i]} · ${s.rows.placements[i].length ? `[${s.rows.placements[i].join(", ")}]` : "plain: replicated on every rank"}`,
+    );
     const box = html("div", { class: "sv-note" }, detail, "loading layout…");
     let geo;
     try {

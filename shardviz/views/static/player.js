@@ -149,7 +149,8 @@ function render({ model, el, experimental }) {
   function drawTotals() {
     totals.replaceChildren();
     const k = stepNow();
-    let soFarBus = 0, soFarHops = 0;
+    let soFarBus = 0,
+      soFarHops = 0;
     for (let i = 0; i < nSteps() && i <= k; i++) {
       if (tl.total_kinds[i] !== "c") continue;
       soFarBus += tl.bus[i];
@@ -276,7 +277,9 @@ function render({ model, el, experimental }) {
       const p = invoke("fetch_values", { step: k, group }).then(([reply, buffers]) => {
         if (!reply || reply.error) throw new Error(reply ? reply.error : "no reply");
         const out = new Map();
-        reply.entries.forEach((meta, j) => out.set(`${meta.rank}/${meta.side}/${meta.slot ?? -1}`, decodeValues(meta, buffers[j])));
+        reply.entries.forEach((meta, j) => {
+          out.set(`${meta.rank}/${meta.side}/${meta.slot ?? -1}`, decodeValues(meta, buffers[j]));
+        });
         return out;
       });
       p.catch(() => valuesCache.delete(key));
@@ -291,18 +294,25 @@ function render({ model, el, experimental }) {
       const p = invoke("fetch_ring", { step: k, group }).then(([reply, buffers]) => {
         if (!reply || reply.error) throw new Error(reply ? reply.error : "no reply");
         const b = buffers[0];
-        const bytes = b instanceof DataView ? b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength) : b.buffer ? b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength) : b;
+        const bytes =
+          b instanceof DataView
+            ? b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)
+            : b.buffer
+              ? b.buffer.slice(b.byteOffset, b.byteOffset + b.byteLength)
+              : b;
         const data = reply.format === "f8" ? new Float64Array(bytes) : new Float32Array(bytes);
         // counts[(state * n + rank) * n + chunk] leading values, packed in that order
         const offsets = new Int32Array(reply.counts.length + 1);
-        reply.counts.forEach((c, i) => (offsets[i + 1] = offsets[i] + Math.max(c, 0)));
+        reply.counts.forEach((c, i) => {
+          offsets[i + 1] = offsets[i] + Math.max(c, 0);
+        });
         const n = reply.n;
         const sends = reply.sends.map((flat) => {
           const out = [];
           for (let i = 0; i < flat.length; i += 3) out.push([flat[i], flat[i + 1], flat[i + 2]]);
           return out;
         });
-        const at = (si, i, c) => ((si * n + i) * n + c);
+        const at = (si, i, c) => (si * n + i) * n + c;
         return {
           meta: { ...reply, sends },
           mask: (si, i, c) => reply.contributors[at(si, i, c)],
@@ -349,7 +359,7 @@ function render({ model, el, experimental }) {
       drawFlow(d);
       drawRing(d);
     }
-    if (d.notes && d.notes.length) {
+    if (d.notes?.length) {
       const ul = html("ul", { class: "sv-notes" }, detailBox);
       for (const note of d.notes) html("li", {}, ul, note);
     }
@@ -374,7 +384,12 @@ function render({ model, el, experimental }) {
       if (d.root !== null && d.root !== undefined) bits.push(`root index ${d.root} (rank${d.roots.length > 1 ? "s" : ""} ${d.roots.join(", ")})`);
       const where = d.mesh_dim_name || (d.mesh_dim !== null && d.mesh_dim !== undefined ? `dim ${d.mesh_dim}` : null);
       bits.push(where ? `mesh ${where}` : "groups match no mesh dim");
-      bits.push(`${d.groups.length} group${d.groups.length === 1 ? "" : "s"} of ${d.groups[0] ? d.groups[0].length : 0}: ${d.groups.slice(0, 6).map((g) => `[${g.join(",")}]`).join(" ")}${d.groups.length > 6 ? " …" : ""}`);
+      bits.push(
+        `${d.groups.length} group${d.groups.length === 1 ? "" : "s"} of ${d.groups[0] ? d.groups[0].length : 0}: ${d.groups
+          .slice(0, 6)
+          .map((g) => `[${g.join(",")}]`)
+          .join(" ")}${d.groups.length > 6 ? " …" : ""}`,
+      );
       bits.push(d.impl);
     } else if (d.kind === "redistribute") {
       bits.push(`[${d.src.join(", ")}] → [${d.dst.join(", ")}]`);
@@ -401,7 +416,12 @@ function render({ model, el, experimental }) {
     const what = d.kind === "redistribute" ? `its ${d.children.length} collective${d.children.length === 1 ? "" : "s"}` : "this step";
     html("span", { class: "sv-cost-bytes" }, box, `bus bytes per rank: ${humanBytes(d.cost.bus)}`);
     html("span", { class: "sv-cost-time", "data-seconds": t }, box, `estimated time: ${humanSeconds(t)}`);
-    html("span", { class: "sv-note" }, box, `${what} on ${lk.name}: α ${humanSeconds(lk.alpha)} × ${d.cost.hops} sequential steps + bytes / β ${(lk.beta / 1e9).toFixed(1)} GB/s`);
+    html(
+      "span",
+      { class: "sv-note" },
+      box,
+      `${what} on ${lk.name}: α ${humanSeconds(lk.alpha)} × ${d.cost.hops} sequential steps + bytes / β ${(lk.beta / 1e9).toFixed(1)} GB/s`,
+    );
   }
 
   function drawCheck(d) {
@@ -413,10 +433,22 @@ function render({ model, el, experimental }) {
     }
     const worst = Math.max(0, ...Object.values(c.max_error).map((x) => (x === null ? Infinity : x)));
     if (c.ok) {
-      html("div", { class: "sv-check sv-ok", "data-check": "flow" }, detailBox, `✓ recorded outputs = the ${d.op} applied to the recorded inputs (max |difference| ${fmtNum(worst)})`);
+      html(
+        "div",
+        { class: "sv-check sv-ok", "data-check": "flow" },
+        detailBox,
+        `✓ recorded outputs = the ${d.op} applied to the recorded inputs (max |difference| ${fmtNum(worst)})`,
+      );
     } else {
-      const bad = Object.entries(c.max_error).filter(([, x]) => x === null || x > 0).map(([r]) => r);
-      html("div", { class: "sv-warning", "data-check": "flow", role: "alert" }, detailBox, `⚠ ${c.note}: ranks ${bad.join(", ")} (max |difference| ${fmtNum(worst)})`);
+      const bad = Object.entries(c.max_error)
+        .filter(([, x]) => x === null || x > 0)
+        .map(([r]) => r);
+      html(
+        "div",
+        { class: "sv-warning", "data-check": "flow", role: "alert" },
+        detailBox,
+        `⚠ ${c.note}: ranks ${bad.join(", ")} (max |difference| ${fmtNum(worst)})`,
+      );
     }
   }
 
@@ -448,7 +480,9 @@ function render({ model, el, experimental }) {
     if (shown.length < d.groups.length) {
       const lab = html("label", { class: "sv-group-pick" }, section, `${d.groups.length} groups ran this step at once; showing group `);
       const sel = html("select", { "data-control": "group" }, lab);
-      d.groups.forEach((g, i) => html("option", { value: i }, sel, `${i}: ranks ${rankList(g)}`));
+      d.groups.forEach((g, i) => {
+        html("option", { value: i }, sel, `${i}: ranks ${rankList(g)}`);
+      });
       sel.value = String(shown[0]);
       sel.addEventListener("change", () => {
         groupPick = Number(sel.value);
@@ -456,7 +490,8 @@ function render({ model, el, experimental }) {
       });
     }
     const legend = html("div", { class: "sv-flow-legend sv-note" }, section);
-    legend.textContent = "top: each rank's buffer before · bottom: after · arrows: what moves (colour of the sending rank); dashed: what a rank keeps of its own; Σ: reduced";
+    legend.textContent =
+      "top: each rank's buffer before · bottom: after · arrows: what moves (colour of the sending rank); dashed: what a rank keeps of its own; Σ: reduced";
     const panels = html("div", { class: "sv-groups" }, section);
     for (const gi of shown) drawGroup(d, gi, panels);
   }
@@ -480,8 +515,10 @@ function render({ model, el, experimental }) {
     const hOut = Math.max(8, ...geo.map((x) => size(x.out).h));
     const top = 30;
     const zone = d.op === "barrier" ? 40 : Math.min(140, 46 + 8 * n);
-    const yIn = top, yOut = top + hIn + zone;
-    const W = n * colW + 26, H = yOut + hOut + 30;
+    const yIn = top,
+      yOut = top + hIn + zone;
+    const W = n * colW + 26,
+      H = yOut + hOut + 30;
     const s = svg("svg", { width: W, height: H, class: "sv-flow-svg", role: "img", "aria-label": `data flow of group ${gi}` }, panel);
     const defs = svg("defs", {}, s);
     const padId = `${uid}-pad`;
@@ -504,11 +541,14 @@ function render({ model, el, experimental }) {
     ranks.forEach((r, i) => {
       const st = style(r);
       const cx = 22 + i * colW + (colW - 34) / 2;
-      const isRoot = d.roots && d.roots.includes(r);
+      const isRoot = d.roots?.includes(r);
       const lab = svg("g", { class: "sv-rank-head", "data-flow-rank": r }, s);
       svg("rect", { x: cx - 22, y: 4, width: 44, height: 16, rx: 3, fill: st.fill }, lab);
       svg("text", { x: cx, y: 16, "text-anchor": "middle", fill: st.text, class: "sv-rank-text" }, lab).textContent = `r${r}${isRoot ? " root" : ""}`;
-      for (const [side, y] of [["in", yIn], ["out", yOut]]) {
+      for (const [side, y] of [
+        ["in", yIn],
+        ["out", yOut],
+      ]) {
         const b = geo[i][side];
         const buf = geo[i].info[side];
         if (!b) {
@@ -522,9 +562,13 @@ function render({ model, el, experimental }) {
         if (buf.role) svg("text", { x: x, y: y + size(b).h + 11, class: "sv-role" }, s).textContent = buf.role === "ignored" ? "not read" : "not defined";
       }
       const nb = geo[i].info.nbytes;
-      if (nb !== undefined && d.kind !== "local") svg("text", { x: cx, y: H - 6, "text-anchor": "middle", class: "sv-bytes" }, s).textContent = `${humanBytes(geo[i].info.bus || 0)} bus`;
+      if (nb !== undefined && d.kind !== "local")
+        svg("text", { x: cx, y: H - 6, "text-anchor": "middle", class: "sv-bytes" }, s).textContent = `${humanBytes(geo[i].info.bus || 0)} bus`;
     });
-    for (const [text, y, h] of [["before", yIn, hIn], ["after", yOut, hOut]]) {
+    for (const [text, y, h] of [
+      ["before", yIn, hIn],
+      ["after", yOut, hOut],
+    ]) {
       const cy = y + h / 2;
       svg("text", { x: 9, y: cy, class: "sv-side", "text-anchor": "middle", transform: `rotate(-90 9 ${cy})` }, s).textContent = text;
     }
@@ -562,7 +606,8 @@ function render({ model, el, experimental }) {
     let count = 0;
     for (const [src, dst, sp, dp, reduce, stay] of list) {
       if (!members.has(src) || !members.has(dst)) continue;
-      const a = anchor(src, "in", sp), b = anchor(dst, "out", dp);
+      const a = anchor(src, "in", sp),
+        b = anchor(dst, "out", dp);
       if (!a || !b) continue;
       const color = style(src).fill;
       // spread arrows that leave one point a little, so that each stays visible
@@ -570,20 +615,25 @@ function render({ model, el, experimental }) {
       const ka = a.dy ? Math.max((b.y - a.y) * 0.5, 20) : 28;
       const kb = b.dy ? Math.max((b.y - a.y) * 0.5, 20) : 28;
       const ax = a.x + spread;
-      const path = svg("path", {
-        d: `M${ax},${a.y} C${ax + a.dx * ka},${a.y + a.dy * ka} ${b.x - b.dx * kb},${b.y - b.dy * kb} ${b.x},${b.y}`,
-        class: `sv-arrow${stay ? " sv-stay" : ""}${reduce ? " sv-reduce" : ""}`,
-        stroke: color,
-        "marker-end": `url(#${marker(color)})`,
-        "data-src": src,
-        "data-dst": dst,
-      }, layer);
+      const path = svg(
+        "path",
+        {
+          d: `M${ax},${a.y} C${ax + a.dx * ka},${a.y + a.dy * ka} ${b.x - b.dx * kb},${b.y - b.dy * kb} ${b.x},${b.y}`,
+          class: `sv-arrow${stay ? " sv-stay" : ""}${reduce ? " sv-reduce" : ""}`,
+          stroke: color,
+          "marker-end": `url(#${marker(color)})`,
+          "data-src": src,
+          "data-dst": dst,
+        },
+        layer,
+      );
       if (!stay) count++;
-      path.appendChild(svg("title", {})).textContent = `rank ${src}${sp !== null ? ` part ${sp}` : ""} → rank ${dst}${dp !== null ? ` part ${dp}` : ""}${reduce ? " (reduced on arrival)" : ""}`;
+      path.appendChild(svg("title", {})).textContent =
+        `rank ${src}${sp !== null ? ` part ${sp}` : ""} → rank ${dst}${dp !== null ? ` part ${dp}` : ""}${reduce ? " (reduced on arrival)" : ""}`;
     }
     panel.dataset.arrows = String(count);
     // values, on demand
-    if (d.kind !== "redistribute" && Object.values(d.ranks).some((x) => (x.in && x.in.values) || (x.out && x.out.values))) {
+    if (d.kind !== "redistribute" && Object.values(d.ranks).some((x) => x.in?.values || x.out?.values)) {
       const step = d.step;
       fetchValues(step, gi).then(
         (vals) => {
@@ -606,7 +656,8 @@ function render({ model, el, experimental }) {
     const tint = (origin, reduced) => (reduced ? "#d9d9d9" : origin === null || origin === undefined ? "#eeeeee" : style(origin).fill);
     b.slots.forEach((sb, k) => {
       const oy = y + sb.y * cell + k * gap;
-      const w = Math.max(sb.cols * cell, 4), h = sb.rows * cell;
+      const w = Math.max(sb.cols * cell, 4),
+        h = sb.rows * cell;
       if (sb.rows * sb.cols === 0) {
         svg("rect", { x, y: oy, width: Math.max(w, 10), height: Math.max(h, 6), class: "sv-empty-buf" }, g);
         return;
@@ -616,7 +667,10 @@ function render({ model, el, experimental }) {
       for (const p of parts) {
         if ((p.slot ?? 0) !== k) continue;
         const [r0, r1, c0, c1] = p.box;
-        const px = x + c0 * cell, py = oy + r0 * cell, pw = Math.max((c1 - c0) * cell, 1), ph = Math.max((r1 - r0) * cell, 1);
+        const px = x + c0 * cell,
+          py = oy + r0 * cell,
+          pw = Math.max((c1 - c0) * cell, 1),
+          ph = Math.max((r1 - r0) * cell, 1);
         const origin = p.origin ?? (side === "in" ? rank : null);
         svg("rect", { x: px, y: py, width: pw, height: ph, fill: tint(origin, p.reduced), class: "sv-part", "data-part": parts.indexOf(p) }, g);
         for (const [a0, a1, b0, b1] of p.pad || []) {
@@ -639,7 +693,10 @@ function render({ model, el, experimental }) {
       const sb = b.slots[k];
       const oy = y + sb.y * cell + k * gap;
       const [r0, r1, c0, c1] = p.box;
-      const px = x + c0 * cell, py = oy + r0 * cell, pw = (c1 - c0) * cell, ph = (r1 - r0) * cell;
+      const px = x + c0 * cell,
+        py = oy + r0 * cell,
+        pw = (c1 - c0) * cell,
+        ph = (r1 - r0) * cell;
       svg("rect", { x: px, y: py, width: pw, height: ph, class: "sv-part-edge" }, g);
       if (ph >= 9 && (c1 === sb.cols || pw >= 14)) {
         const lx = c1 === sb.cols ? x + sb.cols * cell + 2 : px + pw / 2;
@@ -666,11 +723,16 @@ function render({ model, el, experimental }) {
           for (let j = 0; j < sb.cols; j++) {
             const t = fmtNum(v.at(i * sb.cols + j));
             const fs = Math.min(10, (a.cell * 1.5) / Math.max(t.length, 2));
-            svg("text", { x: a.x + (j + 0.5) * a.cell, y: oy + (i + 0.5) * a.cell + fs * 0.35, "font-size": fs, "text-anchor": "middle", class: "sv-value" }, g).textContent = t;
+            svg(
+              "text",
+              { x: a.x + (j + 0.5) * a.cell, y: oy + (i + 0.5) * a.cell + fs * 0.35, "font-size": fs, "text-anchor": "middle", class: "sv-value" },
+              g,
+            ).textContent = t;
           }
         }
       } else if (n > 0) {
-        let lo = Infinity, hi = -Infinity;
+        let lo = Infinity,
+          hi = -Infinity;
         const total = v.shape.reduce((p, q) => p * q, 1);
         for (let i = 0; i < total; i++) {
           const h = v.heat(i);
@@ -692,7 +754,12 @@ function render({ model, el, experimental }) {
       html("div", { class: "sv-note" }, section, `ring algorithm: ${d.ring.note}`);
       return;
     }
-    const btn = html("button", { type: "button", "data-action": "ring" }, section, ringOpen ? "hide the ring algorithm" : "show the ring algorithm (how NCCL / gloo run it)");
+    const btn = html(
+      "button",
+      { type: "button", "data-action": "ring" },
+      section,
+      ringOpen ? "hide the ring algorithm" : "show the ring algorithm (how NCCL / gloo run it)",
+    );
     btn.addEventListener("click", () => {
       ringOpen = !ringOpen;
       ringState = 0;
@@ -716,7 +783,8 @@ function render({ model, el, experimental }) {
   function drawRingState(box, d, ring) {
     const { meta, val, mask: maskOf } = ring;
     box.replaceChildren();
-    const n = meta.n, S = meta.states;
+    const n = meta.n,
+      S = meta.states;
     const last = S; // index S shows the final state against the recorded output
     ringState = Math.min(Math.max(ringState, 0), last);
     const ctl = html("div", { class: "sv-ring-controls" }, box);
@@ -746,23 +814,32 @@ function render({ model, el, experimental }) {
     };
     box.dataset.ringState = String(ringState);
     if (ringState === last) {
-      drawRingFinal(box, d, meta, val, list);
+      drawRingFinal(box, meta, val, list);
       return;
     }
     const phase = ringState === 0 ? "initial state" : `${meta.phases[ringState - 1]} phase`;
     const steps = S - 1;
-    const explain = ringState === 0
-      ? `${meta.op === "all_gather" ? "each rank holds only its own chunk" : "each rank's buffer is cut into " + n + " chunks"}; ${steps} steps follow, each rank sending one chunk to the next rank of the ring at the same time`
-      : meta.phases[ringState - 1] === "reduce-scatter"
-        ? "each rank sends one chunk to the next rank, which adds it to its own copy of that chunk"
-        : "each rank passes a finished chunk on to the next rank, which keeps it";
+    const explain =
+      ringState === 0
+        ? `${meta.op === "all_gather" ? "each rank holds only its own chunk" : `each rank's buffer is cut into ${n} chunks`}; ${steps} steps follow, each rank sending one chunk to the next rank of the ring at the same time`
+        : meta.phases[ringState - 1] === "reduce-scatter"
+          ? "each rank sends one chunk to the next rank, which adds it to its own copy of that chunk"
+          : "each rank passes a finished chunk on to the next rank, which keeps it";
     const which = d.groups.length > 1 ? `group ${meta.group} (ranks ${rankList(ranks)}) · ` : "";
     html("div", { class: "sv-ring-head" }, box, `${which}ring step ${ringState} of ${steps} · ${phase}: ${explain}`);
-    const cw = 86, ch = 36, padL = 44, padT = 18;
-    const W = padL + n * cw + 60, H = padT + n * ch + 8;
+    const cw = 86,
+      ch = 36,
+      padL = 44,
+      padT = 18;
+    const W = padL + n * cw + 60,
+      H = padT + n * ch + 8;
     const s = svg("svg", { width: W, height: H, class: "sv-ring-svg" }, box);
     const defs = svg("defs", {}, s);
-    const mk = svg("marker", { id: `${uid}-ring`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" }, defs);
+    const mk = svg(
+      "marker",
+      { id: `${uid}-ring`, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      defs,
+    );
     svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#333" }, mk);
     for (let c = 0; c < n; c++) svg("text", { x: padL + c * cw + cw / 2, y: 12, "text-anchor": "middle", class: "sv-side" }, s).textContent = `chunk ${c}`;
     const received = new Set();
@@ -780,25 +857,60 @@ function render({ model, el, experimental }) {
         const x = padL + c * cw;
         const full = who.length === n;
         const fill = mask === 0 ? "#ffffff" : full ? "#cfe8cf" : who.length === 1 ? style(who[0]).fill : "#f3e6b3";
-        const g = svg("g", { class: `sv-ring-cell${received.has(`${i}/${c}`) ? " sv-received" : ""}`, "data-ring-rank": ranks[i], "data-ring-chunk": c, "data-contributors": who.join(" ") }, s);
-        svg("rect", { x: x + 2, y: y + 2, width: cw - 4, height: ch - 4, rx: 3, fill, "fill-opacity": who.length === 1 ? 0.45 : 1, class: mask === 0 ? "sv-ring-empty" : "sv-ring-rect" }, g);
+        const g = svg(
+          "g",
+          {
+            class: `sv-ring-cell${received.has(`${i}/${c}`) ? " sv-received" : ""}`,
+            "data-ring-rank": ranks[i],
+            "data-ring-chunk": c,
+            "data-contributors": who.join(" "),
+          },
+          s,
+        );
+        svg(
+          "rect",
+          {
+            x: x + 2,
+            y: y + 2,
+            width: cw - 4,
+            height: ch - 4,
+            rx: 3,
+            fill,
+            "fill-opacity": who.length === 1 ? 0.45 : 1,
+            class: mask === 0 ? "sv-ring-empty" : "sv-ring-rect",
+          },
+          g,
+        );
         const label = mask === 0 ? "—" : full ? `all ${n}` : who.map((r) => `r${r}`).join("+");
-        svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g).textContent = label.length > 16 ? `${who.length} ranks` : label;
+        svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g).textContent =
+          label.length > 16 ? `${who.length} ranks` : label;
         const v = val(ringState, i, c);
-        if (v !== null) svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g).textContent = list(v, meta.chunk_sizes[i][c], 15);
+        if (v !== null)
+          svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g).textContent = list(v, meta.chunk_sizes[i][c], 15);
       }
     }
     // this step's sends: chunk c from row i to row i+1 (the last row wraps to the first)
     for (const [src, dst, c] of sends) {
-      const i = posOf.get(src), j = posOf.get(dst);
+      const i = posOf.get(src),
+        j = posOf.get(dst);
       const x = padL + c * cw + cw - 10;
-      const y0 = padT + i * ch + ch / 2, y1 = padT + j * ch + ch / 2;
+      const y0 = padT + i * ch + ch / 2,
+        y1 = padT + j * ch + ch / 2;
       const bend = j > i ? 14 : 30 + (i - j) * 2;
-      svg("path", { d: `M${x},${y0} C${x + bend},${y0} ${x + bend},${y1} ${x + 2},${y1}`, class: "sv-ring-send", "marker-end": `url(#${uid}-ring)`, stroke: style(src).fill }, s);
+      svg(
+        "path",
+        {
+          d: `M${x},${y0} C${x + bend},${y0} ${x + bend},${y1} ${x + 2},${y1}`,
+          class: "sv-ring-send",
+          "marker-end": `url(#${uid}-ring)`,
+          stroke: style(src).fill,
+        },
+        s,
+      );
     }
   }
 
-  function drawRingFinal(box, d, meta, val, list) {
+  function drawRingFinal(box, meta, val, list) {
     const c = meta.check;
     const S = meta.states;
     html("div", { class: "sv-ring-head" }, box, `after ${S - 1} ring steps: each rank's result, compared with what the collective really returned`);
@@ -811,11 +923,17 @@ function render({ model, el, experimental }) {
       html("td", {}, tr, list(val(S, i, 0), meta.final_sizes[i]));
       html("td", {}, tr, list(val(S + 1, i, 0), meta.final_sizes[i]));
       const err = c.max_error[String(r)];
-      const ok = c.checked && (err !== undefined) && (c.ok || (err !== null && err === 0));
-      html("td", { class: ok ? "sv-ok" : "sv-bad" }, tr, err === undefined ? "not recorded" : ok ? "✓" : `✗ ${err === null ? "shape differs" : `|diff| ${fmtNum(err)}`}`);
+      const ok = c.checked && err !== undefined && (c.ok || (err !== null && err === 0));
+      html(
+        "td",
+        { class: ok ? "sv-ok" : "sv-bad" },
+        tr,
+        err === undefined ? "not recorded" : ok ? "✓" : `✗ ${err === null ? "shape differs" : `|diff| ${fmtNum(err)}`}`,
+      );
     });
     if (!c.checked) html("div", { class: "sv-note", "data-check": "ring" }, box, c.note);
-    else if (c.ok) html("div", { class: "sv-ok", "data-check": "ring" }, box, "✓ the ring's final state equals the recorded output (floats: up to summation order)");
+    else if (c.ok)
+      html("div", { class: "sv-ok", "data-check": "ring" }, box, "✓ the ring's final state equals the recorded output (floats: up to summation order)");
     else html("div", { class: "sv-warning", "data-check": "ring", role: "alert" }, box, `⚠ ${c.note}`);
   }
 
@@ -872,10 +990,10 @@ function render({ model, el, experimental }) {
 
   function onKey(ev) {
     const t = ev.target;
-    if (t && t.closest && t.closest("input, select, textarea")) return;
+    if (t?.closest?.("input, select, textarea")) return;
     const map = { ArrowRight: "next", ArrowDown: "next", ArrowLeft: "prev", ArrowUp: "prev", Home: "first", End: "last" };
     let action = map[ev.key];
-    if (!action && ev.key === " " && !(t && t.closest && t.closest("button"))) action = "play";
+    if (!action && ev.key === " " && !t?.closest?.("button")) action = "play";
     if (!action) return;
     ev.preventDefault();
     ev.stopPropagation(); // keep the notebook's own shortcuts out of it

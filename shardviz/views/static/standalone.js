@@ -14,7 +14,10 @@ function fromBase64(text) {
 function canon(v) {
   if (Array.isArray(v)) return `[${v.map(canon).join(",")}]`;
   if (v !== null && typeof v === "object") {
-    return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(",")}}`;
+    return `{${Object.keys(v)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canon(v[k])}`)
+      .join(",")}}`;
   }
   return JSON.stringify(v);
 }
@@ -54,9 +57,8 @@ class StandInModel {
     for (const cb of [...(this.listeners.get(event) || [])]) cb(...args);
   }
   send(content) {
-    if (!content || content.kind !== "anywidget-command") return;
-    const reply = (response, buffers) =>
-      this.emit("msg:custom", { id: content.id, kind: "anywidget-command-response", response }, buffers);
+    if (content?.kind !== "anywidget-command") return;
+    const reply = (response, buffers) => this.emit("msg:custom", { id: content.id, kind: "anywidget-command-response", response }, buffers);
     answer(content.name, content.msg).then(
       ([response, buffers]) => reply(response, buffers),
       (err) => reply({ error: err.message }, []),
