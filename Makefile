@@ -13,9 +13,10 @@ TORCH_NEWEST ?= torch==2.15.0
 COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
 PYTEST_ARGS ?=
+NODE_STAMP := node_modules/.installed
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test test-compat lint bench notebooks clean
+.PHONY: setup demo test test-unit test-compat lint bench notebooks clean
 
 setup: $(VENV)/.installed
 
@@ -34,9 +35,13 @@ demo: setup
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(ALLOW_ROOT) \
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
 
-test: setup
-	$(BIN)/python -m ruff check shardviz tests benchmarks docs
+# Everything: the linters and type checker (`make lint`), then the whole suite.
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone (~1 minute): no browser, no cluster, no notebooks.
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # The unit tests and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
 test-compat: $(COMPAT_STAMP)
@@ -51,9 +56,18 @@ $(COMPAT_STAMP): pyproject.toml
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 
-lint: setup
+# Python: ruff (lint + format) and mypy; the widgets' ES modules and CSS: Biome, pinned in
+# package-lock.json and installed from the npm registry into node_modules/.
+lint: setup $(NODE_STAMP)
 	$(BIN)/python -m ruff check shardviz tests benchmarks docs
 	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs
+	$(BIN)/python -m mypy
+	node_modules/.bin/biome ci --error-on-warnings
+
+$(NODE_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null 2>&1 || { echo >&2 "error: npm is needed to install Biome, the widgets' JS/CSS linter. On Debian/Ubuntu: apt-get install nodejs npm"; exit 1; }
+	npm ci --no-audit --no-fund
+	@touch $@
 
 notebooks: setup
 	$(BIN)/python notebooks/execute.py
@@ -62,4 +76,4 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) build dist .pytest_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) node_modules build dist .pytest_cache .hypothesis .mypy_cache

@@ -544,6 +544,8 @@ def bench_llama() -> list[Row]:
         "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
         'sv.record(values="none")': lambda: sv.record(values="none"),
         "sv.record() (default value policy)": lambda: sv.record(),
+        # Opt-in: looks at every operator's result to count live storage per rank.
+        "sv.record(memory=[model, opt])": lambda: sv.record(memory=[model, opt]),
     }
     med, ratio = interleaved(cases, step, rounds=20)
     base = med["bare LocalTensorMode"]

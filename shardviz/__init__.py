@@ -14,6 +14,7 @@ from .compare import compare
 from .job import record_job
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
+from .memory import MemoryTimeline
 from .model import ModelMap, model_map
 from .pipeline import Timeline
 from .pipeline import timeline as pipeline_timeline
@@ -29,6 +30,7 @@ __all__ = [
     "CollectiveEvent",
     "Event",
     "Layout",
+    "MemoryTimeline",
     "ModelMap",
     "OpEvent",
     "Placement",

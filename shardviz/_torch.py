@@ -14,8 +14,8 @@ import importlib
 import re
 import sys
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -86,7 +86,10 @@ LocalTensorMode = _private["LocalTensorMode"]
 LocalIntNode = _private["LocalIntNode"]
 StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
-TorchDispatchMode = _private["TorchDispatchMode"]
+if TYPE_CHECKING:  # the class itself, for type checking: P2PMode and the Recorder derive from it
+    from torch.utils._python_dispatch import TorchDispatchMode
+else:
+    TorchDispatchMode = _private["TorchDispatchMode"]
 
 # What moved between the torch releases shardviz supports (2.13 to 2.15), detected rather than
 # read off the version number, so that a backport or a nightly behaves as what it is:
@@ -152,6 +155,61 @@ def local_tensors(t: object) -> dict[int, torch.Tensor] | None:
     return None
 
 
+def local_of(dt: DTensor) -> torch.Tensor:
+    """A DTensor's local tensor as the DTensor holds it (``DTensor._local_tensor``): a LocalTensor
+    in the simulator, this rank's shard on a real backend. Unlike ``to_local()`` it makes no
+    autograd node and is no user call (``UserCallWatch`` does not see it)."""
+    return dt._local_tensor
+
+
+# --- tensor internals ---------------------------------------------------------------------------
+
+
+def version_counter(t: torch.Tensor) -> int:
+    """``t``'s version counter (``Tensor._version``): every in-place write to its storage, through
+    ``t`` or a view sharing its counter, bumps it; a write past dispatch (numpy) does too."""
+    return t._version
+
+
+def view_base(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``t`` is a view of (``Tensor._base``), or None when ``t`` is no view."""
+    return t._base
+
+
+# --- operator schemas ----------------------------------------------------------------------------
+
+
+def op_overloads(qualified_name: str) -> list[tuple[str, Any]]:
+    """(overload name, OpOverload) of every overload of ``"namespace.op"`` (``"c10d.allreduce_"``,
+    ``"_c10d_functional.all_reduce"``); empty when this torch has no such operator. Some namespaces
+    (``_c10d_functional``, ``_dtensor``) are private: they are only looked up here. Meant for
+    import time: the dispatch path compares the resolved objects."""
+    namespace, op = qualified_name.split(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        return []
+    return [(name, getattr(packet, name)) for name in packet.overloads()]
+
+
+def op_argument_names(op: Any) -> list[str]:
+    """The argument names of an OpOverload, in order, from its schema (``OpOverload._schema``)."""
+    return [a.name for a in op._schema.arguments]
+
+
+def written_arguments(op: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of each argument an op writes in place, from its schema; none for an op
+    without a schema. Callers memoise it per op: it is not for the per-op dispatch path."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
 def plain_tensors(x: object) -> list[torch.Tensor]:
     """The plain tensors that hold ``x``'s data: a DTensor's local shard(s), a LocalTensor's
     per-rank tensors, or ``x`` itself."""
@@ -162,6 +220,16 @@ def plain_tensors(x: object) -> list[torch.Tensor]:
     return [x] if isinstance(x, torch.Tensor) else []
 
 
+def rank_tensors(t: torch.Tensor) -> Mapping[int | None, torch.Tensor]:
+    """The plain tensors behind ``t`` by rank, not copied (read them only): a LocalTensor's, a
+    DTensor's local shard's, or ``{None: t}`` for a plain tensor, which every rank holds."""
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    if isinstance(t, LocalTensor):
+        return t._local_tensors
+    return {None: t}
+
+
 def storage_users(t: torch.Tensor) -> int:
     """How many holders share ``t``'s storage (tensors, views, numpy arrays over it)."""
     return int(_private["storage_use_count"](t.untyped_storage()._cdata))
@@ -169,7 +237,7 @@ def storage_users(t: torch.Tensor) -> int:
 
 def tensor_users(t: torch.Tensor) -> int:
     """How many C++ owners ``t``'s TensorImpl has (a ``.grad`` slot, autograd's saved tensors)."""
-    return int(t._use_count())
+    return int(t._use_count())  # type: ignore[attr-defined]  # TensorBase._use_count: in C, not in the stubs
 
 
 def is_dtensor(t: object) -> bool:
@@ -196,7 +264,7 @@ def placement_from_plain(p: Placement) -> Any:
     if p.kind == "strided":
         return StridedShard(p.dim, split_factor=p.split_factor)
     if p.kind == "partial":
-        return Partial(p.reduce_op)  # type: ignore[arg-type]
+        return Partial(p.reduce_op)
     return Replicate()
 
 
@@ -217,6 +285,11 @@ def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
         return tuple(str(placement_to_plain(p)) for p in key)
 
 
+def _forget(cache: dict[int, Any], key: int) -> Callable[[object], object]:
+    """A weakref callback that drops ``key`` from ``cache`` once the object it was cached for dies."""
+    return lambda _: cache.pop(key, None)
+
+
 MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
 # By id, with a weak reference to tell a reused id apart (DeviceMesh's own hash reads its tensor).
 _mesh_infos: dict[int, tuple[weakref.ReferenceType[Any], MeshInfo]] = {}
@@ -234,7 +307,7 @@ def mesh_info(mesh: Any) -> MeshInfo:
     info = (tuple(int(s) for s in mesh.mesh.shape), names, ranks)
     with contextlib.suppress(TypeError):
         key = id(mesh)
-        _mesh_infos[key] = (weakref.ref(mesh, lambda _, key=key: _mesh_infos.pop(key, None)), info)
+        _mesh_infos[key] = (weakref.ref(mesh, _forget(_mesh_infos, key)), info)
     return info
 
 
@@ -268,7 +341,7 @@ def mesh_groups(mesh: Any) -> MeshGroups:
         groups = (mesh_info(mesh)[2],)
     with contextlib.suppress(TypeError):
         key = id(mesh)
-        _mesh_groups[key] = (weakref.ref(mesh, lambda _, key=key: _mesh_groups.pop(key, None)), groups)
+        _mesh_groups[key] = (weakref.ref(mesh, _forget(_mesh_groups, key)), groups)
     return groups
 
 
@@ -387,7 +460,8 @@ def in_backward() -> bool:
 
 def reduce_op_name(op: Any) -> str:
     """Name of a c10d ReduceOp given boxed (as c10d ops receive it) or plain, e.g. ``"SUM"``."""
-    kind = op.op() if isinstance(op, torch.ScriptObject) else getattr(op, "op", op)
+    # A boxed ReduceOp's ``op()`` is a TorchScript method, bound at run time: not in the stubs.
+    kind = op.op() if isinstance(op, torch.ScriptObject) else getattr(op, "op", op)  # type: ignore[attr-defined]
     if isinstance(kind, int) and not isinstance(kind, dist.ReduceOp.RedOpType):
         kind = dist.ReduceOp.RedOpType(kind)
     return str(getattr(kind, "name", kind)).split(".")[-1]
@@ -622,6 +696,10 @@ def _make_watch_wrappers(planner: Any) -> None:
     )
 
 
+# ``_c10d_functional`` is a private op namespace; resolved once, not per collective.
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor
+
+
 def wait_collective(out: Any, functional: bool) -> None:
     """Block until a real collective's result is there, so that it can be snapshotted.
 
@@ -638,7 +716,7 @@ def wait_collective(out: Any, functional: bool) -> None:
         elif isinstance(x, torch.ScriptObject) and "Work" in str(x._type()):
             dist.Work.unbox(x).wait()  # c10d ops hand back the Work boxed for the dispatcher
         elif functional and isinstance(x, torch.Tensor):
-            torch.ops._c10d_functional.wait_tensor(x)
+            _WAIT_TENSOR(x)
 
 
 def fake_work() -> Any:
@@ -673,11 +751,19 @@ def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
     return None
 
 
+# Called as ``listener(rank, tensor)`` after FSDP2 resizes a storage in place in the simulation
+# (``rank`` None for a plain tensor): a resize is no operator, so the recorder cannot see it.
+STORAGE_RESIZE_LISTENERS: list[Callable[[int | None, torch.Tensor], None]] = []
+
+
 def _per_rank_storage(original: Any) -> Any:
     @functools.wraps(original)
     def resize(tensor: torch.Tensor) -> None:
-        for t in tensor._local_tensors.values() if isinstance(tensor, LocalTensor) else (tensor,):
+        per_rank = tensor._local_tensors if isinstance(tensor, LocalTensor) else {None: tensor}
+        for r, t in per_rank.items():
             original(t)
+            for listener in STORAGE_RESIZE_LISTENERS:
+                listener(r, t)
 
     return resize
 
@@ -724,7 +810,9 @@ def fsdp_in_simulation() -> Iterator[None]:
     # Checked here rather than at import: a torch that moved FSDP2's internals loses FSDP2 in the
     # simulation (its error is then explained), not shardviz.
     try:
-        fp, fpg = importlib.import_module(_FSDP_PARAM), importlib.import_module(_FSDP_GROUP)
+        # Any: their module globals are patched below, which ModuleType's stubs do not allow.
+        fp: Any = importlib.import_module(_FSDP_PARAM)
+        fpg: Any = importlib.import_module(_FSDP_GROUP)
         init = fp.FSDPParam.__dict__["_init_sharded_param"]
         saved = (fp.alloc_storage, fp.free_storage, fpg.alloc_storage, init)
     except (ImportError, AttributeError, KeyError):
@@ -828,7 +916,7 @@ def _patched_globals() -> list[tuple[Any, str, Any]]:
     import importlib as _il
 
     ltm_mod = _private["local_tensor_module"]
-    saved = []
+    saved: list[tuple[Any, str, Any]] = []
     for name in getattr(ltm_mod, "_PATCHED_DEVICE_MESH_METHODS", ()):
         saved.append((DeviceMesh, name, DeviceMesh.__dict__.get(name)))
     for global_name, _ in getattr(ltm_mod, "_PATCHED_RANDOM_FUNCTIONS", ()):

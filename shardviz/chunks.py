@@ -117,14 +117,14 @@ def chunk_layout(
     mesh_ranks = tuple(by_coord[c] for c in sorted(by_coord))
     shards = []
     for r in mesh_ranks:
-        ch, off = chunks[r], offsets[r]
-        indices = tuple(((range(o, o + c),) if c else ()) for o, c in zip(off, ch.shape, strict=True))
+        chunk, start = chunks[r], offsets[r]
+        indices = tuple(((range(o, o + c),) if c else ()) for o, c in zip(start, chunk.shape, strict=True))
         shards.append(
             ShardInfo(
                 rank=r,
                 coord=coords[r],
-                offset=tuple(int(o) for o in off),
-                shape=tuple(ch.shape),
+                offset=tuple(int(o) for o in start),
+                shape=tuple(chunk.shape),
                 indices=indices,
             )
         )

@@ -98,7 +98,7 @@ def compare(
             simulated = run(fn, *args, values=values, **kwargs)
         except BaseException as e:
             raise explain(e, "(raised by the simulator run of sv.compare)") from None
-    actual = real.run(fn, args, kwargs, values=values)  # type: ignore[attr-defined]
+    actual = real.run(fn, args, kwargs, values=values)
     return Comparison(simulated, actual, diff_traces(simulated, actual, rtol, atol), rtol, atol)
 
 
@@ -121,7 +121,7 @@ def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comp
                     eval(last, ns)
         except BaseException as e:
             raise explain(e, "(raised by the simulator run of %%spmd --compare)") from None
-    real.run_cell(cell, shell, values=policy)  # type: ignore[attr-defined]
+    real.run_cell(cell, shell, values=policy)
     actual = last_trace()
     assert actual is not None
     return Comparison(simulated, actual, diff_traces(simulated, actual, RTOL, ATOL), RTOL, ATOL)

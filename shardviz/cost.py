@@ -127,7 +127,7 @@ class CostRow:
     seconds: float
 
     def as_dict(self) -> dict[str, object]:
-        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+        return {f: getattr(self, f) for f in self.__slots__}
 
 
 @dataclass(frozen=True, slots=True)

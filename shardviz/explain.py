@@ -172,7 +172,7 @@ def _shapes(chunks: object) -> str | None:
         return str(d) if values is None else "|".join(str(v) for v in sorted(set(values)))
 
     try:
-        return ", ".join("(" + ", ".join(dim(d) for d in t.shape) + ")" for t in chunks)  # type: ignore[attr-defined]
+        return ", ".join("(" + ", ".join(dim(d) for d in t.shape) + ")" for t in chunks)
     except Exception:
         return None
 

@@ -373,7 +373,7 @@ def align(dumps: Mapping[int, Mapping[str, Any]], world_size: int | None = None)
 
     trace = Trace(world_size, f"flight recorder ({lib})", "none")
     desyncs: list[int] = []
-    events = []
+    events: list[CollectiveEvent] = []
     for k in order:
         got = table[k]
         first = got[min(got)]
@@ -387,13 +387,13 @@ def align(dumps: Mapping[int, Mapping[str, Any]], world_size: int | None = None)
                 if r not in dumps:
                     missing[str(r)] = "no dump from this rank"
                     continue
-                lo, hi = window.get((r, pg), (None, None))
-                if hi is None:
+                held = window.get((r, pg))
+                if held is None:
                     missing[str(r)] = "it recorded no collective on this group"
-                elif seq > hi:
-                    last = table[(pg, "coll", hi)][r]
-                    missing[str(r)] = f"it never reached it: its last on this group is #{hi} ({last.op})"
-                elif lo is not None and seq < lo:
+                elif seq > held[1]:
+                    last = table[(pg, "coll", held[1])][r]
+                    missing[str(r)] = f"it never reached it: its last on this group is #{held[1]} ({last.op})"
+                elif seq < held[0]:
                     continue  # older than this rank's buffer holds: not evidence of anything
                 else:
                     missing[str(r)] = "it skipped it (later ones on this group are in its buffer)"
@@ -447,7 +447,7 @@ def align(dumps: Mapping[int, Mapping[str, Any]], world_size: int | None = None)
                 params={"flight": info},
             )
         )
-    trace.events = events
+    trace.events = list(events)
     trace.complete = not desyncs and set(dumps) >= set(range(world_size))
     versions = sorted({str(d.get("version", "?")) for d in dumps.values()})
     groups = {

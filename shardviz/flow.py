@@ -164,7 +164,7 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
         elif op == "all_reduce":
             if isinstance(ins[g[0]], list):  # coalesced: each tensor of the list reduced
                 k = len(ins[g[0]])
-                red = [reduce(event.reduce_op, [ins[q][i] for q in g]) for i in range(k)]  # type: ignore[index]
+                red = [reduce(event.reduce_op, [ins[q][i] for q in g]) for i in range(k)]
                 for r in g:
                     out[r] = red
             else:
@@ -174,7 +174,7 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
         elif op == "reduce_scatter":
             if isinstance(ins[g[0]], list):  # reduce_scatter(out, list): member j reduces slot j
                 for j, r in enumerate(g):
-                    out[r] = reduce(event.reduce_op, [ins[q][j] for q in g])  # type: ignore[index]
+                    out[r] = reduce(event.reduce_op, [ins[q][j] for q in g])
             else:
                 chunked = {q: _chunks(_one(ins[q]), None, n) for q in g}
                 for j, r in enumerate(g):
@@ -187,7 +187,7 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
                     out[r] = pieces[j]
             elif isinstance(ins[g[0]], list):  # all_to_all(list, list): slot i of j <- slot j of i
                 for j, r in enumerate(g):
-                    out[r] = [ins[q][j] for q in g]  # type: ignore[index]
+                    out[r] = [ins[q][j] for q in g]
             else:
                 sizes = p.get("input_split_sizes") or None
                 chunked = {q: _chunks(_one(ins[q]), sizes, n) for q in g}

@@ -207,7 +207,7 @@ class JobRecording:
         from .backends.rank import RankBackend
 
         self._prev_backend = backends.peek()
-        backends._current = RankBackend(_backend_name(), self.world_size, self.rank)  # type: ignore[assignment]
+        backends._current = RankBackend(_backend_name(), self.world_size, self.rank)
 
     def _restore_backend(self) -> None:
         from . import backends
@@ -265,7 +265,7 @@ class JobRecording:
         events = [
             dataclasses.replace(
                 e, id=renumber[e.id], parent=renumber.get(e.parent) if e.parent is not None else None
-            )  # type: ignore[arg-type]
+            )
             for e in kept
         ]
         t = Trace(self.world_size, "rank", self.values)

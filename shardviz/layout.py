@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from . import mesh as _mesh
 from .placement import Placement, normalize
@@ -250,7 +250,7 @@ def compute(
     *,
     dtype: str = "float32",
     mesh_ranks: Sequence[int] | None = None,
-    shard_order: dict[int, Sequence[int]] | None = None,
+    shard_order: Mapping[int, Sequence[int]] | None = None,
     groups: Sequence[Sequence[int]] | None = None,
 ) -> Layout:
     """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``, cached: a Layout is
@@ -310,7 +310,7 @@ def _compute(
     *,
     dtype: str = "float32",
     mesh_ranks: Sequence[int] | None = None,
-    shard_order: dict[int, Sequence[int]] | None = None,
+    shard_order: Mapping[int, Sequence[int]] | None = None,
     groups: Sequence[Sequence[int]] | None = None,
 ) -> Layout:
     """The geometry itself.
@@ -417,13 +417,16 @@ def _check_shape(shape: object) -> tuple[int, ...]:
     if isinstance(shape, int):
         shape = (shape,)
     try:
-        dims = tuple(shape)  # type: ignore[call-overload]
+        # Anything tuple() accepts (old-style __getitem__ sequences too); a TypeError says why not.
+        dims = tuple(cast("Iterable[object]", shape))
     except TypeError:
         raise TypeError(f"shape must be a tuple of ints, not {type(shape).__name__}") from None
+    checked: list[int] = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
             raise ValueError(f"shape {dims}: every dim must be a non-negative int")
-    return tuple(int(d) for d in dims)
+        checked.append(int(d))
+    return tuple(checked)
 
 
 def _check_names(names: Sequence[str] | None, ndim: int) -> tuple[str, ...] | None:
@@ -452,7 +455,7 @@ def _table(layout: Layout) -> str:
         f"placements [{', '.join(layout.placements)}]"
     )
     grouped = bool(layout.groups)
-    rows = [("rank", "group", "coord", "offset", "shape", "indices", "")]
+    rows: list[tuple[str, ...]] = [("rank", "group", "coord", "offset", "shape", "indices", "")]
     lines = [head]
     if grouped:
         per = len(layout.groups[0])

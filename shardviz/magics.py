@@ -141,9 +141,10 @@ def split_cell(cell: str, filename: str) -> tuple[Any, Any]:
     compile a cell under the notebook's file name so that traces and tracebacks agree."""
     tree = ast.parse(cell, filename=filename)
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr) and not cell.rstrip().endswith(";"):
-        expr = ast.Expression(tree.body.pop().value)
-        last = compile(expr, filename, "eval")
+    tail = tree.body[-1] if tree.body else None
+    if isinstance(tail, ast.Expr) and not cell.rstrip().endswith(";"):
+        tree.body.pop()
+        last = compile(ast.Expression(tail.value), filename, "eval")
     body = compile(tree, filename, "exec") if tree.body else None
     return body, last
 

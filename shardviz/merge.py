@@ -56,7 +56,7 @@ def merge(
     out = Trace(world_size, backend, values)
     out.meshes = meshes
     out.complete = all(traces[r].complete for r in ranks)
-    dropped = [traces[r].values_dropped_from for r in ranks if traces[r].values_dropped_from is not None]
+    dropped = [d for d in (traces[r].values_dropped_from for r in ranks) if d is not None]
     out.values_dropped_from = min(dropped) if dropped else None
     events: list[Event] = []
     for i in range(len(traces[ranks[0]].events)):

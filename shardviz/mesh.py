@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import product
+from typing import cast
 
 
 def check_mesh_shape(mesh_shape: object) -> tuple[int, ...]:
@@ -16,15 +17,18 @@ def check_mesh_shape(mesh_shape: object) -> tuple[int, ...]:
     if isinstance(mesh_shape, int):
         mesh_shape = (mesh_shape,)
     try:
-        dims = tuple(mesh_shape)  # type: ignore[call-overload]
+        # Anything tuple() accepts (old-style __getitem__ sequences too); a TypeError says why not.
+        dims = tuple(cast("Iterable[object]", mesh_shape))
     except TypeError:
         raise TypeError(f"mesh_shape must be a tuple of ints, not {type(mesh_shape).__name__}") from None
     if not dims:
         raise ValueError("mesh_shape is empty: a mesh needs at least one dimension")
+    checked: list[int] = []
     for d in dims:
         if isinstance(d, bool) or not isinstance(d, int) or d < 1:
             raise ValueError(f"mesh_shape {dims}: every mesh dim must be a positive int")
-    return dims
+        checked.append(d)
+    return tuple(checked)
 
 
 def coords(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:

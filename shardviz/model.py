@@ -391,8 +391,7 @@ def model_map(
                 )
             module = str(key).rpartition(".")[0]
             b.add_layout(str(key), "param", module, str(key), lay, True)
-        modules = _modules_from_names(b.rows)
-        return b.finish(name or "layouts", modules)
+        return b.finish(name or "layouts", _modules_from_names(b.rows))
 
     import torch
 
@@ -572,9 +571,9 @@ def text(m: ModelMap) -> str:
             lines.append(f"total per rank: {fmt_bytes(gs[0][0])} on every rank")
         else:
             lo, hi = int(tot.min()), int(tot.max())
-            parts = " · ".join(f"{v} r{rank_list(rs)}" for v, rs in gs[:4])
+            spread = " · ".join(f"{v} r{rank_list(rs)}" for v, rs in gs[:4])
             more = f" · … {len(gs) - 4} more" if len(gs) > 4 else ""
-            lines.append(f"total per rank: {parts}{more} (min {short_bytes(lo)}, max {short_bytes(hi)})")
+            lines.append(f"total per rank: {spread}{more} (min {short_bytes(lo)}, max {short_bytes(hi)})")
         kinds = m.totals_by_kind()
         if len(kinds) > 1:
             lines.append(

@@ -30,6 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import _torch, backends
+from .backends.local import LocalBackend
 from .errors import BackendError, ShardvizError
 from .recorder import (
     Recorder,
@@ -122,6 +123,7 @@ def run(
         raise BackendError(
             "sv.run(fn, threads=N) cannot run inside sv.record() or a %%spmd cell: call it outside"
         )
+    assert isinstance(backend, LocalBackend)  # the one backend named "local"
     backend._ensure_pg()
     world = backend.world_size
     state = _Run(world, live_ranks(world, threads), values)
@@ -412,7 +414,7 @@ def _finish(state: _Run, trace: Trace) -> None:
     for i, (_, _, what, payload) in enumerate(items):
         key = (payload[0], payload[1]) if what == "event" else id(payload)
         new_id[key] = i
-    open_computes: dict[int, list[tuple[int, int]]] = {}  # thread -> [(end stamp, id)]
+    open_computes: dict[int, list[tuple[float, int]]] = {}  # thread -> [(end stamp or inf, id)]
     events: list[Event] = []
     meshes = _mesh_infos(trace.meshes)
     generation = _torch.mesh_generation()

@@ -131,7 +131,7 @@ def timeline(trace: Trace, forward: float = 1, backward: float = 1) -> Timeline:
     if not isinstance(trace, Trace):
         raise TypeError(f"timeline needs a Trace, got {type(trace).__name__}")
     events: list[Event] = list(trace.events)
-    stages_of: dict[int, set[int]] = {}
+    stages_of: dict[int, set[int | None]] = {}  # None: a compute event of no stage
     for e in events:
         if e.kind == "compute":
             for r in getattr(e, "ranks", ()):

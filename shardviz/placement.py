@@ -103,5 +103,6 @@ def normalize(placements: object, ndim: int, mesh_ndim: int) -> tuple[Placement,
         out.append(p)
     partial_ops = {p.reduce_op for p in out if p.kind == "partial"}
     if len(partial_ops) > 1:
-        raise ValueError(f"placements mix Partial reduce ops {sorted(partial_ops)}: use one")
+        # key=str: a Placement built by hand may leave reduce_op None
+        raise ValueError(f"placements mix Partial reduce ops {sorted(partial_ops, key=str)}: use one")
     return tuple(out)

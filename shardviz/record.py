@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,18 +39,22 @@ def _local() -> Any:
 
 
 @contextlib.contextmanager
-def record(values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
+def record(values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
     """Run the body as SPMD ranks on the local backend and record what it communicates.
 
     ``values`` is the value policy: ``"all"``, ``"none"`` or a byte budget for the values of all
     snapshots in this trace (default 64 MiB); past the budget, snapshots keep shape and dtype only.
+    ``memory=True`` also counts the live tensor storage of every rank as each event starts
+    (``trace.memory``, a ``MemoryTimeline``: peak and timeline per rank); a module, an optimizer
+    or a list of them counts their existing tensors too. It looks at every operator's result, so
+    it is off by default.
     The trace's events are filled in when the block ends. No dispatch mode outlives the block,
     even when the body raises; the error keeps its type.
     """
     ValueBudget(values)  # validate before entering anything
     backend = _local()
     trace = Trace(backend.world_size, "local", values)
-    recorder = Recorder(trace, backend.world_size, values)
+    recorder = _recorder(trace, backend.world_size, values, memory)
     try:
         with backend.simulate(), recorder:
             yield trace
@@ -62,11 +67,20 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET) -> Iterator[Trace]:
         _set_last(trace)
 
 
+def _recorder(trace: Trace, world_size: int, values: str | int, memory: Any, **kw: Any) -> Recorder:
+    if memory is False or memory is None:
+        return Recorder(trace, world_size, values, **kw)
+    from .storage import MemoryRecorder
+
+    return MemoryRecorder(trace, world_size, values, memory=memory, **kw)
+
+
 def run(
     fn: Callable[..., Any],
     *args: Any,
     values: str | int = DEFAULT_VALUE_BUDGET,
     threads: int | None = None,
+    memory: Any = False,
     **kwargs: Any,
 ) -> Trace:
     """Run ``fn(*args, **kwargs)`` on every rank and return the Trace; ``trace.results[rank]`` is
@@ -75,6 +89,17 @@ def run(
     ``threads=N`` (local backend) runs ``fn(thread, *args, **kwargs)`` in N simulated threads, one
     per block of ``world_size / N`` ranks: for send/recv and pipelines (``shardviz.p2p``).
     """
+    if (
+        memory is not False
+        and memory is not None
+        and (threads is not None or backends.current().name != "local")
+    ):
+        raise NotImplementedError(
+            "sv.run(..., memory=...) counts live storage in the simulator's single-thread runs only; "
+            "for threads=N or a real backend, drop memory= (sv.model_map(model, optimizer=opt) gives "
+            "what each rank holds at rest), or record the same code with sv.use('local') and "
+            "sv.record(memory=True)"
+        )
     if threads is not None:
         from .p2p import run as run_threads
 
@@ -84,7 +109,7 @@ def run(
     backend = backends.current()
     if backend.name != "local":
         return backend.run(fn, args, kwargs, values=values)  # type: ignore[attr-defined]
-    with record(values) as trace:
+    with record(values, memory=memory) as trace:
         result = fn(*args, **kwargs)
         trace.results = split_per_rank(result, range(backend.world_size))
     return trace
@@ -117,7 +142,10 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
                     "(fn runs once per rank)"
                 )
             values[r] = v.detach().clone()
-    return _torch.new_local_tensor(values)
+    out = _torch.new_local_tensor(values)
+    if "shardviz.storage" in sys.modules:  # a recording that counts memory may be running
+        sys.modules["shardviz.storage"].made(out)
+    return out
 
 
 @contextlib.contextmanager

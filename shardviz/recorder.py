@@ -111,23 +111,13 @@ def _resolve_specs() -> dict[Any, tuple[_Spec, str, list[str]]]:
     """Map each collective OpOverload to (spec, impl name, argument names)."""
     out: dict[Any, tuple[_Spec, str, list[str]]] = {}
     for name, spec in _SPECS.items():
-        ns, op = name.split(".")
-        try:
-            packet = getattr(getattr(torch.ops, ns), op)
-        except (AttributeError, RuntimeError):
-            continue
-        for overload in packet.overloads():
-            ov = getattr(packet, overload)
+        for overload, ov in _torch.op_overloads(name):
             impl = name if overload == "default" else f"{name}.{overload}"
-            out[ov] = (spec, impl, [a.name for a in ov._schema.arguments])
+            out[ov] = (spec, impl, _torch.op_argument_names(ov))
     return out
 
 
 _COLLECTIVES = _resolve_specs()
-_WAIT = {
-    getattr(torch.ops._c10d_functional.wait_tensor, o)
-    for o in torch.ops._c10d_functional.wait_tensor.overloads()
-}
 
 _REDUCE_NAMES = {
     "SUM": "sum",
@@ -242,7 +232,7 @@ def _without_comment(text: str) -> str:
 def _end_line(frame: FrameType) -> int | None:
     """Last source line of the instruction running in ``frame`` (positions of Python 3.11+)."""
     try:
-        positions = frame.f_code.co_positions()
+        positions = iter(frame.f_code.co_positions())
         for _ in range(frame.f_lasti // 2):
             next(positions)
         return next(positions)[1]
@@ -349,7 +339,7 @@ class _Alias:
     def settle(self, keep_alias: bool) -> int:
         """Copy (or, if nobody else holds the buffer, keep) the values; returns how many snapshots
         lost theirs to a write that bypassed dispatch."""
-        if self.tensor._version != self.version:
+        if _torch.version_counter(self.tensor) != self.version:
             for snap in self.snapshots:
                 object.__setattr__(snap, "values", None)
             return len(self.snapshots)
@@ -389,7 +379,7 @@ def _alone() -> tuple[int, int, int]:
     """``_holders`` of a buffer that nothing but its _Alias holds."""
     with _torch.no_dispatch():
         t = torch.empty(1)
-        held = _Alias(t, t._version, _view(t))
+        held = _Alias(t, _torch.version_counter(t), _view(t))
         del t
         return _holders(held)
 
@@ -398,16 +388,7 @@ def _written(func: Any) -> tuple[tuple[int, str], ...]:
     """The (position, name) of each argument an op writes, from its schema; memoised per op."""
     hit = _WRITTEN.get(func)
     if hit is None:
-        schema = getattr(func, "_schema", None)
-        hit = _WRITTEN[func] = (
-            ()
-            if schema is None
-            else tuple(
-                (i, a.name)
-                for i, a in enumerate(schema.arguments)
-                if a.alias_info is not None and a.alias_info.is_write
-            )
-        )
+        hit = _WRITTEN[func] = _torch.written_arguments(func)
     return hit
 
 
@@ -670,6 +651,7 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
         # redistribute's mesh): several live meshes can have the same groups, and it names them.
+        parent: int | None
         if self._stack:
             # Inside a redistribute, which has already found the user's line and noted the mesh.
             parent = self._stack[-1]
@@ -870,7 +852,7 @@ class Recorder(_torch.DebugMode):
 
     def _alias(self, t: torch.Tensor, shape: tuple[int, ...], dtype: str) -> TensorSnapshot:
         owner = t
-        base = t._base
+        base = _torch.view_base(t)
         if base is not None:
             # A view of a whole buffer (a reshape): alias the tensor it views, which shares its
             # version counter, so that the buffer counts as free once the view is gone.
@@ -882,8 +864,8 @@ class Recorder(_torch.DebugMode):
         if held is None:
             # The tensor itself, not a detached alias: inside dispatch (below autograd) detach()
             # would not share the version counter that tells of writes.
-            held = self._aliases[key] = _Alias(owner, owner._version, _view(owner))
-        elif held.tensor is not owner or held.tensor._version != held.version:
+            held = self._aliases[key] = _Alias(owner, _torch.version_counter(owner), _view(owner))
+        elif held.tensor is not owner or _torch.version_counter(held.tensor) != held.version:
             return TensorSnapshot(shape, dtype, _numpy(t))  # another tensor over the same buffer
         snap = TensorSnapshot(shape, dtype, _shaped(held.values, shape))
         held.snapshots.append(snap)
@@ -1108,8 +1090,8 @@ class _RedistributeScope:
         explicit: bool,
     ) -> None:
         self.rec = rec
-        self.caller = caller
-        self.arg = arg
+        self.caller: FrameType | None = caller
+        self.arg: Any = arg
         self.src = src
         self.dst = dst
         self.plan = plan
@@ -1133,6 +1115,7 @@ class _RedistributeScope:
         parent = rec._parent(in_dispatch or implicit_outer)
         if parent is not None:
             rec._has_children.add(parent)
+        assert self.caller is not None  # dropped only on leaving
         before, after, src, dst = _redistribute_layouts(self.caller, self.src, self.dst, rec)
         rec._open[eid] = {
             "implicit_outer": implicit_outer,
@@ -1156,6 +1139,10 @@ class _RedistributeScope:
         return None
 
     def __exit__(self, *exc: object) -> None:
+        # The caller's frame holds this scope while it runs and the redistribute's buffers in its
+        # locals: keeping the frame would make a cycle that holds those buffers until the next
+        # garbage collection instead of freeing them when the program drops them.
+        self.caller = self.arg = None
         if self.merged or self.eid is None:
             return
         rec = self.rec
@@ -1172,9 +1159,9 @@ def _redistribute_layouts(
     dst_spec = dst if hasattr(dst, "placements") else None
     if src_spec is None or dst_spec is None:
         # DTensor passes placements; its frame holds the specs. f_locals builds a dict: read it once.
-        names = caller.f_locals
-        src_spec = names.get("current_spec") if src_spec is None else src_spec
-        dst_spec = names.get("target_spec") if dst_spec is None else dst_spec
+        frame_locals = caller.f_locals
+        src_spec = frame_locals.get("current_spec") if src_spec is None else src_spec
+        dst_spec = frame_locals.get("target_spec") if dst_spec is None else dst_spec
     if src_spec is not None:
         rec._note_mesh(src_spec.mesh)
     # A spec is immutable: the same DTensor redistributed again (a loop, a training step) gives
@@ -1563,7 +1550,7 @@ def split_per_rank(value: Any, ranks: Sequence[int]) -> dict[int, Any]:
 
 def _at_rank(value: Any, rank: int) -> Any:
     if _torch.is_dtensor(value):
-        value = value._local_tensor
+        value = _torch.local_of(value)
     if isinstance(value, torch.Tensor):
         local = _torch.local_tensors(value)
         t = local[rank] if local is not None else value

@@ -10,6 +10,7 @@ mismatch is reported, not raised, so a student can see it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,8 +75,13 @@ def ring(event: CollectiveEvent, group: int = 0) -> Ring | None:
 
 def _ring(event: CollectiveEvent, g: tuple[int, ...]) -> Ring | None:
     n = len(g)
-    ins = {r: _snap_values(event.inputs.get(r)) for r in g}
-    if any(v is None for v in ins.values()) or n == 0:
+    ins: dict[int, np.ndarray] = {}
+    for r in g:
+        v = _snap_values(event.inputs.get(r))
+        if v is None:
+            return None
+        ins[r] = v
+    if n == 0:
         return None
     op = event.op
     red = event.reduce_op or "sum"
@@ -84,12 +90,12 @@ def _ring(event: CollectiveEvent, g: tuple[int, ...]) -> Ring | None:
     state: dict[int, list[np.ndarray | None]] = {}
     if op == "all_reduce":
         for r in g:
-            state[r] = list(np.array_split(ins[r].reshape(-1), n))  # type: ignore[union-attr]
+            state[r] = list(np.array_split(ins[r].reshape(-1), n))
     elif op == "reduce_scatter":
         for r in g:
             a = ins[r]
-            size = a.shape[0] // n  # type: ignore[union-attr]
-            state[r] = [a[i * size : (i + 1) * size] for i in range(n)]  # type: ignore[index]
+            size = a.shape[0] // n
+            state[r] = [a[i * size : (i + 1) * size] for i in range(n)]
     else:
         for k, r in enumerate(g):
             state[r] = [ins[r] if i == k else None for i in range(n)]
@@ -99,17 +105,21 @@ def _ring(event: CollectiveEvent, g: tuple[int, ...]) -> Ring | None:
     initial = {r: tuple(c) for r, c in state.items()}
     steps: list[RingStep] = []
 
-    def run(phase: str, chunk_of: callable, combine: bool) -> None:  # type: ignore[valid-type]
+    def run(phase: str, chunk_of: Callable[[int, int], int], combine: bool) -> None:
         for s in range(n - 1):
-            sends = []
-            sent = {}
+            sends: list[tuple[int, int, int]] = []
+            sent: dict[int, tuple[int, np.ndarray | None]] = {}
             for k in range(n):
                 c = chunk_of(k, s) % n
                 sends.append((g[k], g[(k + 1) % n], c))
                 sent[g[(k + 1) % n]] = (c, state[g[k]][c])
             for dst, (c, data) in sent.items():
                 own = state[dst][c]
-                state[dst][c] = reduce(step_op, [own, data]) if combine and own is not None else data
+                if combine and own is not None:
+                    assert data is not None  # a reducing ring starts with every chunk on every rank
+                    state[dst][c] = reduce(step_op, [own, data])
+                else:
+                    state[dst][c] = data
             steps.append(RingStep(len(steps), phase, tuple(sends), {r: tuple(v) for r, v in state.items()}))
 
     if op == "all_reduce":
@@ -124,18 +134,25 @@ def _ring(event: CollectiveEvent, g: tuple[int, ...]) -> Ring | None:
     for k, r in enumerate(g):
         chunks = state[r]
         if op == "all_reduce":
-            flat = np.concatenate(chunks)  # type: ignore[arg-type]
+            flat: np.ndarray = np.concatenate(_filled(chunks))
             if avg:
                 flat = flat / n if flat.dtype.kind in "fc" else flat // n
-            final[r] = flat.reshape(ins[r].shape).astype(ins[r].dtype)  # type: ignore[union-attr]
+            final[r] = flat.reshape(ins[r].shape).astype(ins[r].dtype)
         elif op == "reduce_scatter":
-            mine = chunks[k]
+            mine: np.ndarray = _filled(chunks)[k]
             if avg:
-                mine = mine / n if mine.dtype.kind in "fc" else mine // n  # type: ignore[union-attr,operator]
-            final[r] = np.asarray(mine).astype(ins[r].dtype)  # type: ignore[union-attr]
+                mine = mine / n if mine.dtype.kind in "fc" else mine // n
+            final[r] = np.asarray(mine).astype(ins[r].dtype)
         else:
-            final[r] = np.concatenate(chunks, axis=0)  # type: ignore[arg-type]
+            final[r] = np.concatenate(_filled(chunks), axis=0)
     return Ring(op, g, event.reduce_op, initial, tuple(steps), final, _check(event, final, n))
+
+
+def _filled(chunks: list[np.ndarray | None]) -> list[np.ndarray]:
+    """A rank's chunks once the ring has run: every one is there by then."""
+    out = [c for c in chunks if c is not None]
+    assert len(out) == len(chunks), "the ring left a chunk empty"
+    return out
 
 
 def _check(event: CollectiveEvent, final: dict[int, np.ndarray], n: int) -> FlowCheck:
@@ -146,12 +163,13 @@ def _check(event: CollectiveEvent, final: dict[int, np.ndarray], n: int) -> Flow
         snap = event.outputs.get(r)
         got = _snap_values(snap)
         if isinstance(snap, list) and event.op == "all_gather":
-            vals = [s.values for s in snap]
-            got = None if any(v is None for v in vals) else np.concatenate(vals, axis=0)  # type: ignore[arg-type]
+            vals = [s.values for s in snap if s.values is not None]
+            got = np.concatenate(vals, axis=0) if len(vals) == len(snap) else None
         if got is None:
             continue
+        assert snap is not None  # values came from it
         checked = True
-        dtype = (snap[0] if isinstance(snap, list) else snap).dtype  # type: ignore[union-attr]
+        dtype = (snap[0] if isinstance(snap, list) else snap).dtype
         d = compare(mine, np.asarray(got).reshape(mine.shape) if got.size == mine.size else got, dtype, n)
         if d is None:
             ok = False

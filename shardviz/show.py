@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from .model import ModelMap
+    from .views.memory_svg import MemoryView
     from .views.model_view import ModelWidget
     from .views.pipeline_svg import TimelineView
     from .views.player import PlayerWidget
@@ -39,7 +40,7 @@ _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 
 
-def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget | TimelineView:
+def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget | TimelineView | MemoryView:
     """The layout view of a DTensor, a LocalTensor or a Layout, or the collective player of a
     Trace (or of one event), as a notebook widget.
 
@@ -49,7 +50,8 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget 
     Player options: see :func:`play`. An ``nn.Module`` (or a ModelMap from ``sv.model_map``) is
     drawn as its model map: options ``optimizer``, ``world_size``, ``rank``, ``selected`` (a
     tensor's name: its layout opens), ``title``. A pipeline Timeline (``sv.pipeline_timeline``)
-    is drawn as its lanes (SVG; option ``title``).
+    is drawn as its lanes, and a MemoryTimeline (``trace.memory``) as live bytes per rank (SVG;
+    option ``title``).
     """
     timeline = _timeline_view(obj, "sv.show", options)
     if timeline is not None:
@@ -93,9 +95,15 @@ def plot(obj: Any, **options: Any) -> Figure:
     came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
     time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
+    from .memory import MemoryTimeline
     from .pipeline import Timeline
     from .views.mpl import plot_event, plot_layout, plot_trace
 
+    if isinstance(obj, MemoryTimeline):
+        from .views.memory_mpl import plot_memory
+
+        _check_options("sv.plot", options, ("title",))
+        return plot_memory(obj, **options)
     if isinstance(obj, Timeline):
         from .views.pipeline_mpl import plot_timeline
 
@@ -153,9 +161,16 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
         widget.close()
 
 
-def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView | None:
+def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView | MemoryView | None:
+    """The static SVG views: a pipeline Timeline's lanes, a MemoryTimeline's curves."""
+    from .memory import MemoryTimeline
     from .pipeline import Timeline
 
+    if isinstance(obj, MemoryTimeline):
+        from .views.memory_svg import MemoryView
+
+        _check_options(who, options, ("title",))
+        return MemoryView(obj, **options)
     if not isinstance(obj, Timeline):
         return None
     from .views.pipeline_svg import TimelineView
@@ -271,7 +286,7 @@ def _from_chunks(
 
 def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
     layout = _compute_layout(**_torch.dtensor_geometry(dt))
-    local = dt._local_tensor
+    local = _torch.local_of(dt)
     per_rank = _torch.local_tensors(local)
     try:
         if per_rank is not None:

@@ -15,12 +15,15 @@ import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import TraceFileError
 from .layout import Layout
+
+if TYPE_CHECKING:
+    from .memory import MemoryTimeline
 
 FORMAT = "shardviz-trace"
 VERSION = 1
@@ -248,6 +251,8 @@ class Trace:
         # Plain JSON facts about where the trace came from: a job rank's status, the event a viewer
         # should start at ("start_event"), a Flight Recorder dump's groups.
         self.meta: dict[str, Any] = {}
+        # Live bytes per rank over the recording (``sv.record(memory=...)``), else None.
+        self.memory: MemoryTimeline | None = None
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -511,6 +516,7 @@ def save(trace: Trace, path: str | Path) -> Path:
         "results": results,
         "notes": list(trace.notes),
         "meta": trace.meta,
+        "memory": trace.memory.to_dict(w.array) if trace.memory is not None else None,
     }
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -589,6 +595,10 @@ def load(path: str | Path) -> Trace:
             trace.meshes = list(doc.get("meshes") or [])
             trace.notes = [str(n) for n in doc.get("notes") or []]
             trace.meta = dict(doc.get("meta") or {})
+            if doc.get("memory") is not None:
+                from .memory import MemoryTimeline
+
+                trace.memory = MemoryTimeline.from_dict(doc["memory"], array)
             trace.events = [_decode_event(e, array) for e in doc["events"]]
             if doc.get("results") is not None:
                 trace.results = {int(k): _decode_result(v, array) for k, v in doc["results"].items()}

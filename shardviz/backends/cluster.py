@@ -565,7 +565,7 @@ def args_for_rank(value: Any, rank: int) -> Any:
 # --- values and shows ----------------------------------------------------------------------------
 
 
-class PerRank(dict):  # type: ignore[type-arg]
+class PerRank(dict):
     """A cell's value that differs between ranks: rank → value."""
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -621,7 +621,7 @@ def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
     layout = Layout.from_dict(first["layout"])
     values = {r: payloads[r]["values"] for r in ranks if payloads[r].get("values") is not None}
     try:
-        from ..show import show_layout  # type: ignore[attr-defined]
+        from ..show import show_layout
     except ImportError:
         return layout
     return show_layout(layout, values or None, **dict(first.get("options") or {}))
@@ -1185,9 +1185,10 @@ class ClusterBackend:
         vals = [r.result["value"] if r.result else None for r in runs]
         if all(v is None for v in vals):
             return None
-        if all(isinstance(v, torch.Tensor) for v in vals):
+        tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+        if len(tensors) == len(vals):
             with contextlib.suppress(Exception):
-                return _torch.new_local_tensor({r.rank: v for r, v in zip(runs, vals, strict=True)})
+                return _torch.new_local_tensor({r.rank: v for r, v in zip(runs, tensors, strict=True)})
         if all(same_value(vals[0], v) for v in vals[1:]):
             return _swap_markers(vals[0], widgets)
         return PerRank({r.rank: _swap_markers(v, widgets) for r, v in zip(runs, vals, strict=True)})

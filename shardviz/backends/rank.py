@@ -335,16 +335,16 @@ class _ShowPatch:
         import shardviz
 
         self.had = "show" in shardviz.__dict__
-        self.prev = shardviz.__dict__.get("show")
-        shardviz.show = show  # type: ignore[attr-defined]
+        self.prev: Any = shardviz.__dict__.get("show")  # whatever the module held
+        shardviz.show = show
 
     def __exit__(self, *exc: object) -> None:
         import shardviz
 
         if self.had:
-            shardviz.show = self.prev  # type: ignore[attr-defined]
+            shardviz.show = self.prev
         else:
-            del shardviz.show  # type: ignore[attr-defined]
+            del shardviz.show
 
 
 # --- running code --------------------------------------------------------------------------------
@@ -355,8 +355,8 @@ def _user_ns() -> dict[str, Any]:
 
     ip = get_ipython()
     if ip is None:
-        return globals().setdefault("_fallback_ns", {})  # type: ignore[no-any-return]
-    return ip.user_ns  # type: ignore[no-any-return]
+        return globals().setdefault("_fallback_ns", {})
+    return ip.user_ns
 
 
 def bind_imports(ns: dict[str, Any], imports: dict[str, tuple[str, ...]]) -> None:

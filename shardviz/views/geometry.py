@@ -8,7 +8,7 @@ picture; values travel on demand through :func:`encode` as one binary buffer per
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -37,7 +37,7 @@ def rank_style(rank: int) -> tuple[str, str, str]:
     return PALETTE[i], TEXT_ON[i], PATTERNS[(rank // len(PALETTE)) % len(PATTERNS)]
 
 
-def rank_list(ranks: Sequence[int]) -> str:
+def rank_list(ranks: Iterable[int]) -> str:
     """Compact rank list: ``0-3, 6, 8-9``."""
     out: list[str] = []
     rs = sorted(ranks)

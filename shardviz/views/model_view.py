@@ -150,7 +150,7 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
         if not 0 <= rank < m.world_size:
             return {"error": f"no rank {rank} (world of {m.world_size})"}
         per_layout = [_local(lay, rank) for lay in m.layouts]
-        shapes = [None if per_layout[r.layout] is None else fmt_shape(per_layout[r.layout]) for r in m.rows]
+        shapes = [None if (s := per_layout[r.layout]) is None else fmt_shape(s) for r in m.rows]
         return {"rank": rank, "bytes": m.nbytes[:, rank].tolist(), "shapes": shapes}
 
     @command

@@ -792,7 +792,7 @@ def _model_stacks(m: Any, stack: str, most: int = 7) -> list[tuple[str, np.ndarr
     out = [(k, sums[k], _STACK_COLORS[i % len(_STACK_COLORS)]) for i, k in enumerate(order[:most])]
     rest = order[most:]
     if rest:
-        other = np.sum([sums[k] for k in rest], axis=0, dtype=np.int64)
+        other = np.asarray(np.sum([sums[k] for k in rest], axis=0, dtype=np.int64))  # one row per rank
         out.append((f"other ({len(rest)})", other, "#dddddd"))
     return out
 

@@ -432,7 +432,7 @@ def _buffers(
 def _with(b: Buffer | None, **changes: Any) -> Buffer | None:
     if b is None:
         return None
-    fields_ = {f: getattr(b, f) for f in Buffer.__slots__}  # type: ignore[attr-defined]
+    fields_ = {f: getattr(b, f) for f in Buffer.__slots__}
     fields_.update(changes)
     return Buffer(**fields_)
 
@@ -615,7 +615,8 @@ class Model:
         return None
 
     def ancestors(self, e: Event) -> list[Event]:
-        out, p = [], e.parent
+        out: list[Event] = []
+        p = e.parent
         while p is not None and p in self.by_id and len(out) < 32:
             out.append(self.by_id[p])
             p = self.by_id[p].parent

@@ -1,0 +1,39 @@
+"""Live bytes per rank over a trace as a matplotlib Figure: one line per group of ranks with the
+same curve, each peak marked."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ..memory import MemoryTimeline
+from ..model import short_bytes
+from .geometry import rank_list
+from .memory_svg import MAX_LINES, curves
+
+_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
+
+
+def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
+    fig = Figure(figsize=(8, 3.2))
+    ax = fig.add_subplot(1, 1, 1)
+    xs = range(len(m.events))
+    shown = curves(m)
+    for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
+        color = _COLORS[k % len(_COLORS)]
+        (line,) = ax.plot(xs, values, color=color, linewidth=1.2, label=f"rank {rank_list(ranks)}")
+        line.set_gid(f"memory-{ranks[0]}")
+        at = m.peak_event[ranks[0]]
+        if at in m.events:
+            ax.plot([m.events.index(at)], [int(m.peak[ranks[0]])], "o", color=color, markersize=4)
+    top = int(m.peak.max(initial=0))
+    ticks = [0, top // 2, top] if top else [0]
+    ax.set_yticks(ticks, [short_bytes(t) for t in ticks])
+    ax.set_xlabel("event (sampled as each starts)")
+    ax.set_ylabel("live bytes")
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=7, loc="upper left", frameon=False, ncols=min(4, len(shown[:MAX_LINES])))
+    ax.set_title(
+        title or f"memory per rank · {m.world_size} ranks · peak {short_bytes(top)}", fontsize=10, loc="left"
+    )
+    fig.tight_layout()
+    return fig

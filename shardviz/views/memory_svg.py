@@ -1,0 +1,128 @@
+"""Live bytes per rank over a trace as SVG: one line per group of ranks with the same curve, the
+peak marked, event ids along the bottom.
+
+Static, like the pipeline timeline: it shows in a notebook with no kernel or widget runtime and
+is the offline HTML export as it is. Lines carry ``data-ranks`` and ``<title>`` tooltips.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..memory import MemoryTimeline, event_label
+from ..model import short_bytes
+from .geometry import rank_list
+
+WIDTH, HEIGHT = 640, 232
+LEFT, RIGHT, TOP, BOTTOM = 72, 16, 40, 36
+MAX_LINES = 16
+# Paul Tol's muted palette, as the layout view uses.
+_COLOURS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+
+
+def curves(m: MemoryTimeline) -> list[tuple[list[int], np.ndarray]]:
+    """Ranks with the very same curve together, the highest peak first."""
+    groups: dict[bytes, list[int]] = {}
+    for r in range(m.world_size):
+        groups.setdefault(m.bytes[:, r].tobytes(), []).append(r)
+    out = [(ranks, m.bytes[:, ranks[0]]) for ranks in groups.values()]
+    out.sort(key=lambda rc: (-int(m.peak[rc[0][0]]), rc[0][0]))
+    return out
+
+
+def memory_svg(m: MemoryTimeline, title: str | None = None) -> str:
+    n = len(m.events)
+    top = max(int(m.peak.max(initial=0)), 1)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(i: float) -> float:
+        return LEFT + (i / max(n - 1, 1)) * plot_w
+
+    def y(b: float) -> float:
+        return TOP + plot_h - (b / top) * plot_h
+
+    head = title or f"Memory per rank: {m.world_size} ranks, peak {short_bytes(top)}"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" data-shardviz-view="memory" width="{WIDTH}" '
+        f'height="{HEIGHT}" font-family="sans-serif" font-size="11" data-peak="{top}" data-samples="{n}">',
+        f'<text x="4" y="16" font-size="12">{escape(head)}</text>',
+        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ddd"/>',
+    ]
+    for frac in (0, 0.5, 1):
+        yy = y(top * frac)
+        out.append(
+            f'<text x="{LEFT - 4}" y="{yy + 4:.0f}" text-anchor="end">{short_bytes(int(top * frac))}</text>'
+            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
+        )
+    ticks = sorted({0, n // 2, n - 1}) if n else []
+    for i in ticks:
+        e = m.events[i]
+        out.append(
+            f'<text x="{x(i):.0f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">'
+            f"{'end' if e is None else f'#{e}'}</text>"
+        )
+    out.append(
+        f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle" fill="#555">'
+        "event (sampled as each starts)</text>"
+    )
+    shown = curves(m)
+    for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
+        colour = _COLOURS[k % len(_COLOURS)]
+        pts = " ".join(f"{x(i):.1f},{y(float(v)):.1f}" for i, v in enumerate(values))
+        peak = int(m.peak[ranks[0]])
+        tip = (
+            f"rank{'s' if len(ranks) > 1 else ''} {rank_list(ranks)}: peak {short_bytes(peak)} during "
+            f"{event_label(m, m.peak_event[ranks[0]])}; start {short_bytes(int(values[0]))}, "
+            f"end {short_bytes(int(values[-1]))}"
+        )
+        at = m.peak_event[ranks[0]]
+        px = x(m.events.index(at)) if at in m.events else LEFT
+        out.append(
+            f'<g data-ranks="{rank_list(ranks)}" data-peak="{peak}"><title>{escape(tip)}</title>'
+            f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+            f'<circle cx="{px:.1f}" cy="{y(peak):.1f}" r="3" fill="{colour}"/></g>'
+        )
+    legend = [f"{rank_list(r)}" for r, _ in shown[:MAX_LINES]]
+    more = f" (+{len(shown) - MAX_LINES} more curves)" if len(shown) > MAX_LINES else ""
+    out.append(
+        f'<text x="{LEFT}" y="{TOP - 6}" fill="#555">ranks: {escape(" | ".join(legend))}{more}; '
+        "dot: peak</text>"
+    )
+    out.append("</svg>")
+    return "".join(out)
+
+
+class MemoryView:
+    """What ``sv.show(trace.memory)`` returns: the SVG in a notebook, the text table elsewhere."""
+
+    def __init__(self, timeline: MemoryTimeline, title: str | None = None) -> None:
+        if not isinstance(timeline, MemoryTimeline):
+            raise TypeError(
+                "MemoryView needs a MemoryTimeline (trace.memory of sv.record(memory=True)), "
+                f"got {type(timeline).__name__}"
+            )
+        self.timeline = timeline
+        self.title = title
+
+    def svg(self) -> str:
+        return memory_svg(self.timeline, self.title)
+
+    def __repr__(self) -> str:
+        return str(self.timeline)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
+        return {"text/plain": repr(self), "text/html": self.svg()}
+
+    def export_html(self, path: str | Path) -> Path:
+        """One self-contained HTML file: the SVG and the text, no script, no network."""
+        path = Path(path)
+        path.write_text(
+            "<!doctype html><html><head><meta charset='utf-8'><title>shardviz memory per rank</title>"
+            f"</head><body>{self.svg()}<pre>{escape(str(self.timeline))}</pre></body></html>",
+            encoding="utf-8",
+        )
+        return path

@@ -1,0 +1,110 @@
+"""Live bytes per rank over a recording (sv.record(memory=...)), against sizes worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import shardviz as sv
+from shardviz.memory import MemoryTimeline
+
+
+@pytest.fixture
+def two():
+    sv.use("local", world_size=2)
+    yield
+    sv.use("local", world_size=4)
+
+
+def _small_trace():
+    with sv.record(memory=True) as trace:
+        a = sv.per_rank(lambda r: torch.full((4,), float(r)))  # 16 B on each rank
+        c = sv.per_rank(lambda r: torch.zeros(2 + 2 * r))  # 8 B on rank 0, 16 B on rank 1
+        b = torch.zeros(8)  # 32 B on each rank
+        dist.all_reduce(a)
+        del b
+        dist.all_reduce(a)
+        del c
+    return trace
+
+
+def test_samples_by_hand(two):
+    m = _small_trace().memory
+    assert isinstance(m, MemoryTimeline)
+    assert m.events == (0, 1, None)
+    # At #0: a + c + b; at #1: b is gone; at the end c is gone too.
+    assert m.bytes.tolist() == [[16 + 8 + 32, 16 + 16 + 32], [16 + 8, 16 + 16], [16, 16]]
+    assert (m.peak >= [56, 64]).all()
+    assert m.at(1).tolist() == [24, 32]
+    assert m.rank(1).tolist() == [64, 32, 16]
+
+
+def test_text_is_exact(two):
+    m = _small_trace().memory
+    rows = str(m).splitlines()
+    assert rows[0] == (
+        "Memory per rank: 2 ranks, 3 samples; live tensor storage (tensors made in the recording)"
+    )
+    assert rows[1].split() == ["ranks", "start", "peak", "end", "peak", "during", "timeline"]
+    assert rows[2].split()[:2] == ["0", "56"]
+    assert rows[3].split()[:2] == ["1", "64"]
+    assert rows[-1].startswith("highest peak: ")
+
+
+def test_nothing_is_counted_without_asking(two):
+    with sv.record() as trace:
+        dist.barrier()
+    assert trace.memory is None
+
+
+def test_an_fsdp_step_ends_with_sharded_params_and_grads(two):
+    torch.manual_seed(0)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+        model = nn.Sequential(nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False))
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        x = torch.ones(4, 16)
+    with sv.record(memory=model) as trace:
+        loss = model(x).sum()
+        loss.backward()
+        del loss
+    m = trace.memory
+    shard = 8 * 16 * 4  # each 16x16 float32 weight cut in two along dim 0
+    # At the end: two sharded weights and their two sharded gradients, nothing else.
+    assert m.end.tolist() == [4 * shard, 4 * shard]
+    # The unsharded weights (16x16 each) were gathered and freed again in between.
+    assert (m.peak >= m.end + 16 * 16 * 4).all()
+    assert {trace.event(i).module for i in m.peak_event if i is not None} <= {
+        e.module for e in trace.collectives()
+    }
+    assert "FSDPSequential's parameters, buffers and grads" in m.counted
+
+
+def test_views_round_trip_and_exports(two, tmp_path):
+    trace = _small_trace()
+    m = trace.memory
+    svg = sv.show(m).svg()
+    assert 'data-shardviz-view="memory"' in svg
+    assert 'data-ranks="1" data-peak="' in svg and 'data-ranks="0" data-peak="' in svg
+    page = sv.export_html(m, tmp_path / "m.html").read_text()
+    assert "<script" not in page and "Memory per rank" in page
+    fig = sv.plot(m)
+    assert {line.get_gid() for line in fig.axes[0].lines} >= {"memory-0", "memory-1"}
+    back = sv.load(trace.save(tmp_path / "t.zip"))
+    assert back.memory == m
+    assert MemoryTimeline.from_dict(m.to_dict()) == m
+
+
+def test_bad_input_says_what_to_do(two):
+    with pytest.raises(TypeError, match="counts modules, optimizers and tensors"), sv.record(memory="yes"):
+        pass
+    with pytest.raises(NotImplementedError, match="single-thread runs only"):
+        sv.run(lambda i: None, threads=2, memory=True)
+    with pytest.raises(IndexError, match="rank 5 is not in this timeline"):
+        _small_trace().memory.rank(5)
