@@ -8,14 +8,13 @@ is the offline HTML export as it is. Lines carry ``data-ranks`` and ``<title>`` 
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..memory import MemoryTimeline, event_label
 from ..model import short_bytes
 from .geometry import rank_list
+from .svg import SvgView
 
 WIDTH, HEIGHT = 640, 232
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 40, 36
@@ -96,8 +95,10 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> str:
     return "".join(out)
 
 
-class MemoryView:
+class MemoryView(SvgView):
     """What ``sv.show(trace.memory)`` returns: the SVG in a notebook, the text table elsewhere."""
+
+    page_title = "shardviz memory per rank"
 
     def __init__(self, timeline: MemoryTimeline, title: str | None = None) -> None:
         if not isinstance(timeline, MemoryTimeline):
@@ -105,24 +106,8 @@ class MemoryView:
                 "MemoryView needs a MemoryTimeline (trace.memory of sv.record(memory=True)), "
                 f"got {type(timeline).__name__}"
             )
+        super().__init__(timeline, title)
         self.timeline = timeline
-        self.title = title
 
     def svg(self) -> str:
         return memory_svg(self.timeline, self.title)
-
-    def __repr__(self) -> str:
-        return str(self.timeline)
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": repr(self), "text/html": self.svg()}
-
-    def export_html(self, path: str | Path) -> Path:
-        """One self-contained HTML file: the SVG and the text, no script, no network."""
-        path = Path(path)
-        path.write_text(
-            "<!doctype html><html><head><meta charset='utf-8'><title>shardviz memory per rank</title>"
-            f"</head><body>{self.svg()}<pre>{escape(str(self.timeline))}</pre></body></html>",
-            encoding="utf-8",
-        )
-        return path

@@ -9,10 +9,9 @@ as ``data-*`` attributes, so a test (or a reader's browser) can find them.
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
-from typing import Any
 
 from ..pipeline import Timeline
+from .svg import SvgView
 
 STEP = 44  # pixels per step
 LANE = 34  # pixels per lane
@@ -87,36 +86,21 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> str:
     return "".join(out)
 
 
-class TimelineView:
+class TimelineView(SvgView):
     """What ``sv.show(timeline)`` returns: the SVG in a notebook, the text table elsewhere."""
+
+    page_title = "shardviz pipeline timeline"
 
     def __init__(self, timeline: Timeline, title: str | None = None) -> None:
         if not isinstance(timeline, Timeline):
             raise TypeError(
                 f"TimelineView needs a Timeline (sv.pipeline_timeline(trace)), got {type(timeline).__name__}"
             )
+        super().__init__(timeline, title)
         self.timeline = timeline
-        self.title = title
 
     def svg(self) -> str:
         return timeline_svg(self.timeline, self.title)
-
-    def __repr__(self) -> str:
-        return str(self.timeline)
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": repr(self), "text/html": self.svg()}
-
-    def export_html(self, path: str | Path) -> Path:
-        """One self-contained HTML file: the SVG and the text, no script, no network."""
-        path = Path(path)
-        text = escape(str(self.timeline))
-        path.write_text(
-            "<!doctype html><html><head><meta charset='utf-8'><title>shardviz pipeline timeline</title>"
-            f"</head><body>{self.svg()}<pre>{text}</pre></body></html>",
-            encoding="utf-8",
-        )
-        return path
 
 
 def _num(x: float) -> str:
