@@ -213,11 +213,7 @@ def written_arguments(op: Any) -> tuple[tuple[int, str], ...]:
 def plain_tensors(x: object) -> list[torch.Tensor]:
     """The plain tensors that hold ``x``'s data: a DTensor's local shard(s), a LocalTensor's
     per-rank tensors, or ``x`` itself."""
-    if isinstance(x, DTensor):
-        x = x._local_tensor
-    if isinstance(x, LocalTensor):
-        return list(x._local_tensors.values())
-    return [x] if isinstance(x, torch.Tensor) else []
+    return list(rank_tensors(x).values()) if isinstance(x, torch.Tensor) else []
 
 
 def rank_tensors(t: torch.Tensor) -> Mapping[int | None, torch.Tensor]:

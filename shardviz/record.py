@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ from . import _torch, backends
 from .errors import BackendError
 from .explain import explain_simulation_error
 from .recorder import Recorder, ValueBudget, split_per_rank
+from .storage import MemoryRecorder, made
 from .trace import DEFAULT_VALUE_BUDGET, Trace
 
 _last: Trace | None = None
@@ -70,8 +70,6 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Ite
 def _recorder(trace: Trace, world_size: int, values: str | int, memory: Any, **kw: Any) -> Recorder:
     if memory is False or memory is None:
         return Recorder(trace, world_size, values, **kw)
-    from .storage import MemoryRecorder
-
     return MemoryRecorder(trace, world_size, values, memory=memory, **kw)
 
 
@@ -143,8 +141,7 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
                 )
             values[r] = v.detach().clone()
     out = _torch.new_local_tensor(values)
-    if "shardviz.storage" in sys.modules:  # a recording that counts memory may be running
-        sys.modules["shardviz.storage"].made(out)
+    made(out)  # counted by any recording that counts memory
     return out
 
 
