@@ -318,7 +318,7 @@ def bench_collectives() -> list[Row]:
     from doing them differently rather than from recording."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardviz import recorder
+    from shardviz.recorder import c10d
 
     functional = torch.ops._c10d_functional
 
@@ -338,13 +338,13 @@ def bench_collectives() -> list[Row]:
         ops = {
             "all_gather": (
                 lambda shard=shard, n=n, name=name: functional.all_gather_into_tensor(shard, n, name),
-                lambda shard=shard, n=n, name=name, groups=groups: recorder._gather_per_group(
+                lambda shard=shard, n=n, name=name, groups=groups: c10d.gather_per_group(
                     {"input": shard, "group_size": n, "group_name": name}, groups
                 ),
             ),
             "all_reduce": (
                 lambda part=part, name=name: functional.all_reduce(part, "sum", name),
-                lambda part=part, name=name, groups=groups: recorder._reduce_per_group(
+                lambda part=part, name=name, groups=groups: c10d.reduce_per_group(
                     {"input": part, "reduce_op": "sum", "group_name": name}, groups
                 ),
             ),

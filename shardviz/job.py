@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import os
 import re
 import select
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceFileError
-from .trace import DEFAULT_VALUE_BUDGET, Event, RedistributeEvent, Source, Trace
+from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
 
 ENV_DIR = "SHARDVIZ_TRACE_DIR"
 SUFFIX = ".svtrace"
@@ -184,7 +183,7 @@ class JobRecording:
             try:
                 rec.__exit__(type(error) if error else None, error, None)
             finally:
-                complete = error is None and all(s is not None for s in rec._slots)
+                complete = error is None and rec.all_closed()
                 if complete:
                     rec.finish()
                     trace = rec.trace
@@ -252,30 +251,10 @@ class JobRecording:
         the recorder: every finished event up to the first one still open (a collective a rank is
         blocked in, the redistribute around it)."""
         rec = self._recorder
-        slots = list(rec._slots)
-        kept: list[Event] = []
-        renumber: dict[int, int] = {}
-        for s in slots:
-            if s is None:
-                break
-            if isinstance(s, RedistributeEvent) and s.src == s.dst and s.id not in rec._has_children:
-                continue
-            renumber[s.id] = len(kept)
-            kept.append(s)
-        events = [
-            dataclasses.replace(
-                e, id=renumber[e.id], parent=renumber.get(e.parent) if e.parent is not None else None
-            )
-            for e in kept
-        ]
         t = Trace(self.world_size, "rank", self.values)
-        t.events = events
+        t.events, t.values_dropped_from = rec.partial()
         t.meshes = list(rec.trace.meshes)
         t.complete = False
-        dropped = rec.budget.exhausted_at
-        if dropped is not None:
-            later = [renumber[i] for i in renumber if i >= dropped]
-            t.values_dropped_from = min(later) if later else None
         return t
 
     def _finish_trace(

@@ -32,15 +32,7 @@ from typing import Any
 from . import _torch, backends
 from .backends.local import LocalBackend
 from .errors import BackendError, ShardvizError
-from .recorder import (
-    Recorder,
-    ValueBudget,
-    _mesh_dim,
-    _numpy,
-    _source,
-    _user_frame,
-    split_per_rank,
-)
+from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
 from .trace import (
     DEFAULT_VALUE_BUDGET,
     CollectiveEvent,
@@ -169,13 +161,12 @@ class _ThreadRecorder(Recorder):
     collective whose groups mix this thread's ranks with other threads'."""
 
     def __init__(self, run: _Run, thread: int, trace: Trace, world_size: int, values: str | int) -> None:
-        super().__init__(trace, world_size, values)
+        super().__init__(trace, world_size, run.budget)  # one value budget for the whole trace
         self.run = run
         self.thread = thread
         self.live = run.live[thread]
         self.ident = threading.get_ident()
         self.stamps: dict[int, int] = {}
-        self.budget = run.budget  # one value budget for the whole trace
         ms = self.modules
         for name in ("_enter_forward", "_leave_forward"):
             setattr(ms, name, self._only_mine(getattr(ms, name)))
@@ -209,7 +200,7 @@ class _ThreadRecorder(Recorder):
         for g in groups:
             inside = [r for r in g if r in self.live]
             if inside and len(inside) != len(g):
-                src = _source(_user_frame(sys._getframe(2))[0])
+                src = frames.user_source(sys._getframe(2))
                 where = f" (line {src.line}: {src.text})" if src is not None else ""
                 raise P2PError(
                     f"a collective over ranks {list(g)}{where} spans several threads of "
@@ -258,16 +249,16 @@ class _Run:
 
     def describe(self, t: int) -> str:
         frame = sys._current_frames().get(self.idents.get(t, -1))
-        src = _source(_user_frame(frame)[0]) if frame is not None else None
+        src = frames.user_source(frame) if frame is not None else None
         return f", at line {src.line}: {src.text}" if src is not None else ""
 
     # --- messages ----------------------------------------------------------------------------
 
     def _where(self) -> tuple[Source | None, str | None]:
-        frame, _ = _user_frame(sys._getframe(2))
+        frame, _ = frames.user_frame(sys._getframe(2))
         rec = self.recorders.get(self.sim.thread)
         module = rec.modules.current() if rec is not None else None
-        return _source(frame), module
+        return frames.source(frame), module
 
     def _label(self, key: int) -> dict[str, Any] | None:
         hit = self.labels.get(key)
@@ -286,7 +277,7 @@ class _Run:
             "snaps": {m.src: self._snapshot(m.value) for m in msgs},
             "recvs": [],
             # while the mesh is alive: a mesh built in ``fn`` is gone when the run is merged
-            "dim": _mesh_dim(
+            "dim": mesh_dim(
                 tuple(m.group for m in msgs), msgs[0].desc if msgs else "", (), _torch.mesh_generation()
             ),
         }
@@ -319,7 +310,7 @@ class _Run:
         dtype = _torch.dtype_name(value.dtype)
         nbytes = value.numel() * dtype_size(dtype)
         keep = self.budget.take(nbytes, -1)
-        return TensorSnapshot(shape, dtype, _numpy(value) if keep else None)
+        return TensorSnapshot(shape, dtype, to_numpy(value) if keep else None)
 
     # --- pipelines ---------------------------------------------------------------------------
 
@@ -344,7 +335,7 @@ class _Run:
         rec = self.recorders.get(t)
         source = None
         if rec is not None:
-            source = _source(_user_frame(sys._getframe(3))[0])
+            source = frames.user_source(sys._getframe(3))
         item = {
             "thread": t,
             "start": self.tick(),
@@ -491,7 +482,7 @@ def _p2p_event(
     process_groups = tuple(m.group for m in msgs)
     dim, dim_name = p["dim"]
     if dim is None and process_groups:
-        dim, dim_name = _mesh_dim(process_groups, msgs[0].desc, meshes, generation)
+        dim, dim_name = mesh_dim(process_groups, msgs[0].desc, meshes, generation)
     params: dict[str, Any] = {
         "tag": msgs[0].tag if msgs else 0,
         "process_group": [list(g) for g in process_groups],

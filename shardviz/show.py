@@ -19,7 +19,7 @@ import torch
 from . import _torch
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
-from .recorder import _numpy
+from .recorder import to_numpy
 from .trace import Event, Trace
 
 if TYPE_CHECKING:
@@ -256,7 +256,7 @@ def _player(obj: Any, who: str, options: dict[str, Any]) -> PlayerWidget:
 
 def _values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
     with _torch.no_dispatch():
-        return {int(r): _numpy(t) for r, t in tensors.items()}
+        return {int(r): to_numpy(t) for r, t in tensors.items()}
 
 
 def _from_chunks(
@@ -276,7 +276,7 @@ def _from_chunks(
         raise TypeError(f"{who}(..., of=...) takes the plain global tensor the chunks were cut from")
     chunks = _values(dict(sorted(per_rank.items())))
     with _torch.no_dispatch():
-        full = _numpy(whole)
+        full = to_numpy(whole)
     given = resolve_offsets(offsets, sorted(chunks))
     found = given if given is not None else {r: find_offset(full, c, r) for r, c in chunks.items()}
     layout = chunk_layout(chunks, found, full.shape, _torch.dtype_name(whole.dtype))

@@ -276,14 +276,14 @@ def show(obj: Any, **options: Any) -> Any:
     client, which gathers every rank's and draws the widget in the notebook."""
     from ..layout import Layout
     from ..layout import compute as compute_layout
-    from ..recorder import _numpy
+    from ..recorder import to_numpy
 
     st = _require_state()
     if "of" in options:  # this rank's hand-made chunk of a global tensor: the client places it
         from ..chunks import find_offset, resolve_offsets
 
-        whole = _numpy(options.pop("of"))
-        chunk = _numpy(obj)
+        whole = to_numpy(options.pop("of"))
+        chunk = to_numpy(obj)
         given = resolve_offsets(options.pop("offsets", None), [st.rank])
         offset = given[st.rank] if given else find_offset(whole, chunk, st.rank)
         mid = st.next_show
@@ -306,7 +306,7 @@ def show(obj: Any, **options: Any) -> Any:
         return model_map(obj, **options)
     if _torch.is_dtensor(obj):
         layout = compute_layout(**_torch.dtensor_geometry(obj))
-        values: np.ndarray | None = _numpy(obj.to_local())
+        values: np.ndarray | None = to_numpy(obj.to_local())
     elif isinstance(obj, Layout):
         layout, values = obj, None
     else:

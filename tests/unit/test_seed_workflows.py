@@ -60,9 +60,9 @@ GET_RANK_PER_RANK = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (
 
 
 def test_get_rank_in_the_simulation_warns_once_and_points_to_per_rank(mesh4):
-    from shardviz import recorder
+    from shardviz.recorder import caches
 
-    recorder._warned_get_rank = False
+    caches.WARNED.discard("get_rank")
     with pytest.warns(SimulationWarning, match=r"sv\.per_rank") as caught, sv.record():
         scaled = torch.ones(2) * dist.get_rank()
     text = str(caught[0].message)
@@ -77,7 +77,7 @@ def test_get_rank_in_the_simulation_warns_once_and_points_to_per_rank(mesh4):
         with sv.record():
             dist.get_rank()  # once is enough
     # torch's own get_rank calls do not warn.
-    recorder._warned_get_rank = False
+    caches.WARNED.discard("get_rank")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with sv.record():

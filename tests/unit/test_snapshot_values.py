@@ -174,16 +174,16 @@ def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
 
 
 def test_a_tensor_held_only_by_a_grad_slot_counts_as_reached():
-    from shardviz.recorder import _Alias, _alone, _holders
+    from shardviz.recorder.snapshot import Alias, alone, holders
 
     p = torch.nn.Parameter(torch.ones(2))
     p.sum().backward()
-    held = _Alias(p.grad, p.grad._version, p.grad.numpy(force=True))
-    assert _holders(held) != _alone()  # the .grad slot holds it from C++: it may be written
+    held = Alias(p.grad, p.grad._version, p.grad.numpy(force=True))
+    assert holders(held) != alone()  # the .grad slot holds it from C++: it may be written
     free = torch.ones(2)
-    held = _Alias(free, 0, free.numpy(force=True))
+    held = Alias(free, 0, free.numpy(force=True))
     del free
-    assert _holders(held) == _alone()
+    assert holders(held) == alone()
 
 
 def test_a_view_of_a_buffer_written_through_its_base(mesh, n):
