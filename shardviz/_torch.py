@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from .mesh import MeshInfo
 from .placement import Placement
 
 MIN_TORCH = (2, 13)
@@ -286,7 +287,6 @@ def _forget(cache: dict[int, Any], key: int) -> Callable[[object], object]:
     return lambda _: cache.pop(key, None)
 
 
-MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
 # By id, with a weak reference to tell a reused id apart (DeviceMesh's own hash reads its tensor).
 _mesh_infos: dict[int, tuple[weakref.ReferenceType[Any], MeshInfo]] = {}
 

@@ -28,9 +28,6 @@ class SequenceMismatchError(ShardvizError, RuntimeError):
         self.by_rank = by_rank
 
 
-MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
-
-
 def merge(
     traces: Mapping[int, Trace],
     backend: str,
@@ -139,13 +136,13 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def _merge_collective(
-    i: int, per_rank: dict[int, CollectiveEvent], candidates: list[MeshInfo]
+    i: int, per_rank: dict[int, CollectiveEvent], candidates: list[_mesh.MeshInfo]
 ) -> CollectiveEvent:
     groups = _merge_groups(i, per_rank)
     names = {e.mesh_dim_name for e in per_rank.values()}
     hint = names.pop() if len(names) == 1 else None
     first = per_rank[min(per_rank)]
-    dim, name = mesh_dim(groups, candidates, hint)
+    dim, name = _mesh.find_dim(groups, candidates, hint)
     if dim is None and name is None:
         dim, name = first.mesh_dim, first.mesh_dim_name
     return dataclasses.replace(
@@ -194,28 +191,13 @@ def _merge_groups(i: int, per_rank: dict[int, CollectiveEvent]) -> tuple[tuple[i
     return tuple(sorted(set(reported.values())))
 
 
-def mesh_dim(
-    groups: tuple[tuple[int, ...], ...], meshes: Sequence[MeshInfo], hint: str | None
-) -> tuple[int | None, str | None]:
-    """The mesh dim whose groups are exactly these, preferring the dim named ``hint`` (the
-    mesh dim name torch gives the group); (None, hint) when no mesh matches."""
-    total = sum(len(g) for g in groups)
-    for shape, names, ranks in meshes:
-        if len(ranks) != total:
-            continue
-        d = _mesh.match_dim(groups, shape, ranks)
-        if d is not None and (hint is None or (names and names[d] == hint) or hint == f"dim_{d}"):
-            return d, names[d] if names else None
-    return None, hint
-
-
-def _mesh_info(m: dict[str, Any]) -> MeshInfo:
+def _mesh_info(m: dict[str, Any]) -> _mesh.MeshInfo:
     names = m.get("mesh_dim_names")
     return (tuple(m["mesh_shape"]), tuple(names) if names else None, tuple(m["ranks"]))
 
 
 def _union_meshes(meshes: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    seen: set[MeshInfo] = set()
+    seen: set[_mesh.MeshInfo] = set()
     out = []
     for m in meshes:
         key = _mesh_info(m)

@@ -11,6 +11,9 @@ from collections.abc import Iterable, Sequence
 from itertools import product
 from typing import cast
 
+# (mesh shape, dim names, ranks in row-major order): a DeviceMesh as plain data.
+MeshInfo = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]
+
 
 def check_mesh_shape(mesh_shape: object) -> tuple[int, ...]:
     """Validate a mesh shape given as an int or a sequence of positive ints."""
@@ -105,6 +108,28 @@ def _match_dim(
         if [tuple(g) for g in dim_groups(mesh_shape, d, ranks)] == list(want):
             return d
     return None
+
+
+def find_dim(
+    groups: Sequence[Sequence[int]], meshes: Iterable[MeshInfo], name: str | None = None
+) -> tuple[int | None, str | None]:
+    """The (dim, dim name) whose groups are exactly ``groups``, on the first of ``meshes`` that
+    has one; a dim called ``name`` (the name torch gives a mesh dim's group) wins a tie between
+    meshes. No match: (None, ``name``), where a name is known and is not a bare ``dim_<i>``."""
+    total = sum(len(g) for g in groups)
+    for shape, names, ranks in meshes:
+        if len(ranks) != total:
+            continue
+        d = match_dim(groups, shape, ranks)
+        if d is not None and (name is None or (names and names[d] == name) or name == f"dim_{d}"):
+            return d, names[d] if names else None
+    return None, name if name and not name.startswith("dim_") else None
+
+
+def group_dim_name(desc: str) -> str | None:
+    """The mesh dim name in a process group's description: a DeviceMesh names the group of its dim
+    ``tp`` ``mesh_tp``; ``mesh_default`` is the world's, not a dim's."""
+    return desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
 
 
 def tile_groups(group: Sequence[int], world_size: int) -> list[list[int]]:

@@ -32,20 +32,6 @@ VERSION = 1
 # every teaching-size example; a model-size run keeps metadata (shapes, groups, bytes) only.
 DEFAULT_VALUE_BUDGET = 64 * 2**20
 
-COLLECTIVE_OPS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "scatter",
-    "gather",
-    "reduce",
-    "barrier",
-    "send",
-    "recv",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Source:
@@ -286,13 +272,6 @@ class Trace:
     def children(self, event_id: int | None) -> list[Event]:
         return [e for e in self.events if e.parent == event_id]
 
-    def depth(self, event: Event) -> int:
-        by_id = {e.id: e for e in self.events}
-        d, p = 0, event.parent
-        while p is not None and p in by_id:
-            d, p = d + 1, by_id[p].parent
-        return d
-
     def __str__(self) -> str:
         from .views.text import trace_text
 
@@ -366,6 +345,22 @@ DTYPE_SIZES = {
 }
 
 
+# Torch dtypes numpy has no type for (or, float16, none it computes with as torch does), and
+# the dtype their values are read as: a snapshot's values, a result compared.
+NUMPY_WIDENED = {
+    "float16": "float32",
+    "bfloat16": "float32",
+    "float8_e4m3fn": "float32",
+    "float8_e5m2": "float32",
+    "float8_e4m3fnuz": "float32",
+    "float8_e5m2fnuz": "float32",
+    "complex32": "complex64",
+    "uint16": "int64",
+    "uint32": "int64",
+    "uint64": "int64",
+}
+
+
 def dtype_size(dtype: str) -> int:
     """Bytes per element of a torch dtype name (``"float32"``, ``"bfloat16"``, ...)."""
     return DTYPE_SIZES.get(dtype.removeprefix("torch."), 4)
@@ -392,23 +387,14 @@ def _value_eq(x: Any, y: Any) -> bool:
 def _to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
-    t = x.detach().cpu()
-    if str(t.dtype) in _NUMPY_LACKS:
-        t = t.float()
-    return t.numpy()
+    t = x.detach().cpu()  # a torch tensor, read without importing torch here
+    widened = NUMPY_WIDENED.get(str(t.dtype).removeprefix("torch."))
+    if widened is not None:
+        t = getattr(t, _CONVERT[widened])()
+    return np.asarray(t.numpy())
 
 
-_NUMPY_LACKS = {
-    "torch.bfloat16",
-    "torch.float8_e4m3fn",
-    "torch.float8_e5m2",
-    "torch.float8_e4m3fnuz",
-    "torch.float8_e5m2fnuz",
-    "torch.complex32",
-    "torch.uint16",
-    "torch.uint32",
-    "torch.uint64",
-}
+_CONVERT = {"float32": "float", "complex64": "cfloat", "int64": "long"}
 
 
 # --- serialisation ---------------------------------------------------------------------------

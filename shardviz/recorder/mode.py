@@ -555,22 +555,11 @@ class Recorder(_torch.DebugMode):
 def mesh_dim(
     groups: tuple[tuple[int, ...], ...],
     desc: str,
-    own: tuple[_torch.MeshInfo, ...],
+    own: tuple[_mesh.MeshInfo, ...],
     generation: tuple[int, int],
 ) -> tuple[int | None, str | None]:
     """The mesh dim whose groups these are: meshes of this trace (``own``) first, then any seen
-    before. ``generation`` changes when a mesh is built or freed, so the memo follows them.
-
-    A DeviceMesh names its groups ``mesh_<dim name>``; that name breaks ties between meshes, and
-    the newest mesh breaks the rest (a 1-D mesh of the whole world runs on the default group).
-    """
-    name = desc[len("mesh_") :] if desc.startswith("mesh_") and desc != "mesh_default" else None
-    for shape, names, ranks in [*own, *reversed(_torch.known_mesh_infos())]:
-        if len(ranks) != sum(len(g) for g in groups):
-            continue
-        d = _mesh.match_dim(groups, shape, ranks)
-        if d is not None and (name is None or (names and names[d] == name) or name == f"dim_{d}"):
-            return d, names[d] if names else None
-    if name and not name.startswith("dim_"):
-        return None, name
-    return None, None
+    before, newest first (a 1-D mesh of the whole world runs on the default group). ``generation``
+    changes when a mesh is built or freed, so the memo follows them."""
+    meshes = [*own, *reversed(_torch.known_mesh_infos())]
+    return _mesh.find_dim(groups, meshes, _mesh.group_dim_name(desc))

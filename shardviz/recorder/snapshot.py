@@ -21,20 +21,17 @@ import torch
 
 from .. import _torch
 from ..errors import SimulationWarning
-from ..trace import TensorSnapshot
+from ..trace import NUMPY_WIDENED, TensorSnapshot
 from . import caches
 
 _SMALL = 64 * 1024  # bytes: below this a buffer costs less to copy than to keep track of
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 
-# Dtypes numpy lacks, and the one their values are widened to.
+# trace.NUMPY_WIDENED as torch dtypes (those this torch has).
 NUMPY_WIDER = {
-    torch.bfloat16: torch.float32,
-    torch.float16: torch.float32,
-    torch.complex32: torch.complex64,
-    torch.uint16: torch.int64,
-    torch.uint32: torch.int64,
-    torch.uint64: torch.int64,
+    getattr(torch, name): getattr(torch, wide)
+    for name, wide in NUMPY_WIDENED.items()
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
 
@@ -79,7 +76,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         t = t.detach().resolve_conj().resolve_neg()
         widened = NUMPY_WIDER.get(t.dtype)
         if widened is None and t.dtype.is_floating_point and t.element_size() == 1:
-            widened = torch.float32  # the float8 variants
+            widened = torch.float32  # a float8 (or smaller) variant newer than the table
         if t.device.type != "cpu" or widened is not None:
             return t.to("cpu", widened or t.dtype).contiguous().numpy()  # already a new tensor
         return t.clone(memory_format=torch.contiguous_format).numpy()

@@ -19,6 +19,8 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import shardviz as sv
 from shardviz import _torch
 from shardviz.errors import SimulationWarning
+from shardviz.recorder import to_numpy
+from shardviz.trace import NUMPY_WIDENED, Trace
 
 WORLD = 4
 
@@ -211,3 +213,21 @@ def test_an_in_place_op_on_local_shards_keeps_its_input(mesh, n):
         rows = full(n)[2 * r : 2 * r + 2].numpy()
         np.testing.assert_array_equal(mul.inputs[r].values, rows)
         np.testing.assert_array_equal(mul.outputs[r].values, rows * 2)
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_WIDENED))
+def test_dtypes_numpy_lacks_are_read_widened_with_their_values(name):
+    """One table says how each dtype numpy lacks is read, for snapshots and for results alike."""
+    dtype = getattr(torch, name)
+    plain = (
+        torch.tensor([0.0, 1.0, 2.0, 3.0]) if dtype.is_floating_point or dtype.is_complex else torch.arange(4)
+    )
+    t = plain.to(dtype)
+    values = to_numpy(t)
+    assert values.dtype == np.dtype(NUMPY_WIDENED[name])
+    assert values.tolist() == plain.to(getattr(torch, NUMPY_WIDENED[name])).tolist()
+    a, b = Trace(1, "local", "all"), Trace(1, "local", "all")
+    a.results, b.results = {0: t}, {0: t.clone()}
+    assert a == b
+    b.results = {0: (plain + 1).to(dtype)}
+    assert a != b
