@@ -32,6 +32,11 @@ class Link:
     beta: float
     source: str = ""
 
+    def seconds(self, steps: int, bus_bytes: float) -> float:
+        """The alpha-beta time of ``steps`` sequential steps moving ``bus_bytes`` per rank
+        (a link with no bandwidth given, beta 0, counts latency only)."""
+        return self.alpha * steps + (bus_bytes / self.beta if self.beta else 0.0)
+
 
 # Bandwidths are per direction per GPU/port from the vendors' specifications; latencies are
 # typical small-message per-step figures, rough by nature.
@@ -161,7 +166,7 @@ def event_cost(e: CollectiveEvent, spec: str | Link | None = None) -> CostRow:
     per_rank = max(e.nbytes.values(), default=0)
     bus = bus_factor(e.op, n) * per_rank
     steps = ring_steps(e.op, n)
-    secs = lk.alpha * steps + (bus / lk.beta if lk.beta else 0.0)
+    secs = lk.seconds(steps, bus)
     dim = e.mesh_dim_name or (f"dim {e.mesh_dim}" if e.mesh_dim is not None else "-")
     return CostRow(e.id, e.op, dim, e.module or "-", n, len(e.groups), per_rank, bus, secs)
 

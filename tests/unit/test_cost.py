@@ -56,3 +56,11 @@ def test_presets_and_bad_link():
         assert p.beta > 1e9 and p.alpha > 0 and p.source
     with pytest.raises(ValueError, match="nvlink4"):
         cost.link("carrier-pigeon")
+
+
+def test_link_seconds_is_alpha_per_step_plus_bytes_over_beta():
+    lk = cost.Link("test", alpha=2e-6, beta=1e9)
+    assert lk.seconds(3, 4096) == pytest.approx(3 * 2e-6 + 4096 / 1e9)
+    assert lk.seconds(0, 0) == 0.0
+    # no bandwidth given: latency only, never a division by zero
+    assert cost.Link("latency only", alpha=1e-6, beta=0.0).seconds(4, 1 << 20) == pytest.approx(4e-6)
