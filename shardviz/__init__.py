@@ -9,6 +9,7 @@ from typing import Any
 
 from . import _torch
 from .backends import device_type, restart
+from .backends import show as _backend_show
 from .backends import use as _use
 from .compare import compare
 from .job import record_job
@@ -21,7 +22,8 @@ from .pipeline import timeline as pipeline_timeline
 from .placement import Placement
 from .plan import plan
 from .record import last_trace, per_rank, record, run
-from .show import export_html, play, plot, show
+from .show import export_html, play, plot
+from .show import show as _view
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 
 __version__ = "0.1.0"
@@ -84,6 +86,16 @@ def use(backend: str = "local", world_size: int | None = None, **options: Any) -
     Calling it again with the same arguments changes nothing; other arguments rebuild the backend.
     """
     _use(backend, world_size, **options)
+
+
+def show(obj: Any, **options: Any) -> Any:
+    return _backend_show(obj, **options)
+
+
+show.__doc__ = f"""{_view.__doc__}
+    Inside a ``%%spmd`` cell on a real backend, each rank sends its shard and the notebook draws
+    the gathered view, as under the simulator.
+    """
 
 
 def layout(

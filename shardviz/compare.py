@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
+from .backends.base import Backend
 from .errors import BackendError, explain
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
 
@@ -105,7 +106,7 @@ def compare(
 def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comparison:
     """``%%spmd --compare``: the cell in the simulator (in a scratch copy of the notebook's names,
     its prints discarded) and on the real ranks (where its names stay, as for any cell)."""
-    from .magics import compile_cell
+    from .cells import compile_cell, run_compiled
     from .record import last_trace, record
 
     real = _real_backend("%%spmd --compare")
@@ -115,10 +116,7 @@ def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comp
     with _simulator(real.world_size):
         try:
             with contextlib.redirect_stdout(io.StringIO()), record(policy) as simulated:
-                if body is not None:
-                    exec(body, ns)
-                if last is not None:
-                    eval(last, ns)
+                run_compiled(body, last, ns)
         except BaseException as e:
             raise explain(e, "(raised by the simulator run of %%spmd --compare)") from None
     real.run_cell(cell, shell, values=policy)
@@ -127,9 +125,9 @@ def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comp
     return Comparison(simulated, actual, diff_traces(simulated, actual, RTOL, ATOL), RTOL, ATOL)
 
 
-def _real_backend(who: str) -> Any:
+def _real_backend(who: str) -> Backend:
     real = backends.current()
-    if real.name == "local":
+    if real.simulated:
         raise BackendError(
             f"{who} compares the simulator with real process groups: switch to one first, e.g. "
             "sv.use('gloo', world_size=4)"

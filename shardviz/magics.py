@@ -1,24 +1,19 @@
 """IPython magics: ``%load_ext shardviz``, ``%shardviz use ...``, ``%%spmd``.
 
 Thin wrappers over the Python API: ``%shardviz use gloo 4`` is ``sv.use("gloo", world_size=4)``
-and a ``%%spmd`` cell is the body of ``sv.record()`` (or ``sv.run`` on a real backend). Arguments
-are parsed as words and numbers, never evaluated.
+and a ``%%spmd`` cell goes to the current backend's ``run_cell`` (the simulator runs it as the body
+of ``sv.record()``; real ranks each run it). Arguments are parsed as words and numbers, never
+evaluated.
 """
 
 from __future__ import annotations
 
-import ast
-import itertools
-import linecache
 import shlex
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from . import backends
-from .record import record
-
-_cells = itertools.count(1)
 
 USAGE = """\
 %shardviz use local [N]            simulate N ranks in this kernel (default 4)
@@ -112,41 +107,11 @@ class ShardvizMagics(Magics):
                 compare = True
             else:
                 raise ValueError(f"unknown %%spmd option {word!r}\n{USAGE}")
-        backend = backends.current()
         if compare:
             from .compare import compare_cell
 
             return compare_cell(cell, self.shell, values)
-        if backend.name != "local":
-            return backend.run_cell(cell, self.shell, values=values)  # type: ignore[attr-defined]
-        body, last = compile_cell(cell)
-        ns = self.shell.user_ns  # type: ignore[union-attr]
-        kwargs = {} if values is None else {"values": values}
-        with record(**kwargs):
-            if body is not None:
-                exec(body, ns)
-            result = eval(last, ns) if last is not None else None
-        return result
-
-
-def compile_cell(cell: str) -> tuple[Any, Any]:
-    """Compile a cell into (statements, last expression or None), registered for tracebacks."""
-    filename = f"<spmd-cell-{next(_cells)}>"
-    linecache.cache[filename] = (len(cell), None, cell.splitlines(keepends=True), filename)
-    return split_cell(cell, filename)
-
-
-def split_cell(cell: str, filename: str) -> tuple[Any, Any]:
-    """(statements, last expression or None) of a cell compiled under ``filename``; real ranks
-    compile a cell under the notebook's file name so that traces and tracebacks agree."""
-    tree = ast.parse(cell, filename=filename)
-    last = None
-    tail = tree.body[-1] if tree.body else None
-    if isinstance(tail, ast.Expr) and not cell.rstrip().endswith(";"):
-        tree.body.pop()
-        last = compile(ast.Expression(tail.value), filename, "eval")
-    body = compile(tree, filename, "exec") if tree.body else None
-    return body, last
+        return backends.current().run_cell(cell, self.shell, values=values)
 
 
 def load_ipython_extension(ipython: Any) -> None:

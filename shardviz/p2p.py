@@ -27,10 +27,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _torch, backends
-from .backends.local import LocalBackend
+from . import _torch
 from .errors import BackendError, ShardvizError
 from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
 from .trace import (
@@ -44,6 +43,9 @@ from .trace import (
     Trace,
     dtype_size,
 )
+
+if TYPE_CHECKING:
+    from .backends.local import LocalBackend
 
 
 class P2PError(ShardvizError, RuntimeError):
@@ -91,31 +93,25 @@ def live_ranks(world_size: int, threads: int) -> list[frozenset[int]]:
     return [frozenset(range(t * n, (t + 1) * n)) for t in range(threads)]
 
 
-def run(
+def run_threads(
+    backend: LocalBackend,
     fn: Callable[..., Any],
-    *args: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
     threads: int,
     values: str | int = DEFAULT_VALUE_BUDGET,
-    **kwargs: Any,
 ) -> Trace:
-    """Run ``fn(thread, *args, **kwargs)`` in ``threads`` simulated threads; return the merged Trace.
+    """``sv.run(fn, *args, threads=N)`` on the simulator: ``fn(thread, *args, **kwargs)`` in
+    ``threads`` simulated threads; return the merged Trace.
 
     ``trace.results[rank]`` is what ``fn`` returned on that rank's thread, at that rank.
     """
-    if not callable(fn):
-        raise TypeError(f"sv.run needs a callable, got {type(fn).__name__}")
     ValueBudget(values)
-    backend = backends.current()
-    if backend.name != "local":
-        raise BackendError(
-            f"sv.run(fn, threads=N) simulates ranks in this process; on the {backend.name!r} backend "
-            "every rank is a real process already: call sv.run(fn) and branch on dist.get_rank()"
-        )
     if _torch.active_local_mode() is not None:
         raise BackendError(
             "sv.run(fn, threads=N) cannot run inside sv.record() or a %%spmd cell: call it outside"
         )
-    assert isinstance(backend, LocalBackend)  # the one backend named "local"
     backend._ensure_pg()
     world = backend.world_size
     state = _Run(world, live_ranks(world, threads), values)

@@ -6,13 +6,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from . import _torch, backends
-from .errors import BackendError
-from .explain import explain_simulation_error
-from .recorder import Recorder, ValueBudget, split_per_rank
-from .storage import MemoryRecorder, made
+from . import backends
+from .recorder import Recorder, ValueBudget
 from .trace import DEFAULT_VALUE_BUDGET, Trace
 
 _last: Trace | None = None
@@ -28,16 +23,6 @@ def _set_last(trace: Trace) -> None:
     _last = trace
 
 
-def _local() -> Any:
-    backend = backends.current()
-    if backend.name != "local":
-        raise BackendError(
-            f"record() runs code in this process, which the {backend.name!r} backend cannot do; use "
-            "sv.run(fn) or a %%spmd cell, or switch back with sv.use('local')"
-        )
-    return backend
-
-
 @contextlib.contextmanager
 def record(values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
     """Run the body as SPMD ranks on the local backend and record what it communicates.
@@ -49,28 +34,12 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Ite
     or a list of them counts their existing tensors too. It looks at every operator's result, so
     it is off by default.
     The trace's events are filled in when the block ends. No dispatch mode outlives the block,
-    even when the body raises; the error keeps its type.
+    even when the body raises; the error keeps its type. Real backends refuse: their ranks are
+    other processes, which a ``with`` body in this one cannot run on.
     """
-    ValueBudget(values)  # validate before entering anything
-    backend = _local()
-    trace = Trace(backend.world_size, "local", values)
-    recorder = _recorder(trace, backend.world_size, values, memory)
-    try:
-        with backend.simulate(), recorder:
-            yield trace
-    except BaseException as e:
-        trace.complete = False
-        explain_simulation_error(e, backend.world_size)  # in place: same object, type and cause
-        raise
-    finally:
-        recorder.finish()
-        _set_last(trace)
-
-
-def _recorder(trace: Trace, world_size: int, values: str | int, memory: Any, **kw: Any) -> Recorder:
-    if memory is False or memory is None:
-        return Recorder(trace, world_size, values, **kw)
-    return MemoryRecorder(trace, world_size, values, memory=memory, **kw)
+    ValueBudget(values)  # validate before asking the backend anything
+    with backends.current().record(values, memory) as trace:
+        yield trace
 
 
 def run(
@@ -86,31 +55,11 @@ def run(
 
     ``threads=N`` (local backend) runs ``fn(thread, *args, **kwargs)`` in N simulated threads, one
     per block of ``world_size / N`` ranks: for send/recv and pipelines (``shardviz.p2p``).
+    ``memory=`` (local backend, single thread) counts live storage as ``record(memory=)`` does.
     """
-    if (
-        memory is not False
-        and memory is not None
-        and (threads is not None or backends.current().name != "local")
-    ):
-        raise NotImplementedError(
-            "sv.run(..., memory=...) counts live storage in the simulator's single-thread runs only; "
-            "for threads=N or a real backend, drop memory= (sv.model_map(model, optimizer=opt) gives "
-            "what each rank holds at rest), or record the same code with sv.use('local') and "
-            "sv.record(memory=True)"
-        )
-    if threads is not None:
-        from .p2p import run as run_threads
-
-        return run_threads(fn, *args, threads=threads, values=values, **kwargs)
     if not callable(fn):
         raise TypeError(f"sv.run needs a callable, got {type(fn).__name__}")
-    backend = backends.current()
-    if backend.name != "local":
-        return backend.run(fn, args, kwargs, values=values)  # type: ignore[attr-defined]
-    with record(values, memory=memory) as trace:
-        result = fn(*args, **kwargs)
-        trace.results = split_per_rank(result, range(backend.world_size))
-    return trace
+    return backends.current().run(fn, args, kwargs, values=values, threads=threads, memory=memory)
 
 
 def per_rank(fn: Callable[[int], Any]) -> Any:
@@ -123,26 +72,7 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
     """
     if not callable(fn):
         raise TypeError(f"sv.per_rank needs a callable taking the rank, got {type(fn).__name__}")
-    backend = backends.current()
-    if backend.name != "local":
-        return backend.per_rank(fn)  # type: ignore[attr-defined]
-    values = {}
-    with _torch.no_dispatch():
-        for r in range(backend.world_size):
-            v = fn(r)
-            if not isinstance(v, torch.Tensor):
-                raise TypeError(
-                    f"sv.per_rank: fn({r}) returned a {type(v).__name__}; it must return a tensor per rank"
-                )
-            if _torch.is_local_tensor(v) or _torch.is_dtensor(v):
-                raise TypeError(
-                    f"sv.per_rank: fn({r}) returned a {type(v).__name__}; return one rank's plain tensor "
-                    "(fn runs once per rank)"
-                )
-            values[r] = v.detach().clone()
-    out = _torch.new_local_tensor(values)
-    made(out)  # counted by any recording that counts memory
-    return out
+    return backends.current().per_rank(fn)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from .base import Backend
+from .base import Backend, draw
 from .local import LocalBackend
 
 DEFAULT_WORLD_SIZE = 4
@@ -71,18 +71,19 @@ def peek() -> Backend | None:
 
 
 def restart() -> Backend:
-    """Tear the current backend down and build it again with the same arguments."""
+    """Rebuild the current backend with the same arguments (real backends: in place)."""
     global _current
-    old = current()
-    if callable(getattr(old, "restart", None)):
-        old.restart()  # type: ignore[attr-defined]  # real backends rebuild in place (new PG / engines)
-        return old
-    name, world_size = old.name, old.world_size
-    options = dict(getattr(old, "options", {}) or {})
-    old.close()
-    _current = None
-    _current = _build(name, world_size, **options)
+    _current = current().restart()
     return _current
+
+
+def show(obj: Any, **options: Any) -> Any:
+    """``sv.show``: drawn by the current backend, so that inside a ``%%spmd`` cell a real rank can
+    send its shard to the notebook instead. Before any backend exists it only draws: a picture
+    needs no process group."""
+    if _current is None:
+        return draw(obj, **options)
+    return _current.show(obj, **options)
 
 
 def device_type() -> str:

@@ -32,13 +32,14 @@ import tempfile
 import time
 import types
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BackendError, ShardvizError
 from ..trace import DEFAULT_VALUE_BUDGET, Trace
 from . import rank as _rank
-from .base import check_world_size
+from .base import check_world_size, draw, rank_tensor, refuse_record, refuse_simulation_options
 
 _LOG = logging.getLogger("shardviz.cluster")
 _LOG.setLevel(logging.ERROR)  # ipyparallel logs engine output at WARNING when engines stop
@@ -620,10 +621,8 @@ def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
         return show_layout(layout, chunks, **dict(first.get("options") or {}))
     layout = Layout.from_dict(first["layout"])
     values = {r: payloads[r]["values"] for r in ranks if payloads[r].get("values") is not None}
-    try:
-        from ..show import show_layout
-    except ImportError:
-        return layout
+    from ..show import show_layout
+
     return show_layout(layout, values or None, **dict(first.get("options") or {}))
 
 
@@ -655,6 +654,8 @@ def load_rank_trace(data: bytes) -> Trace:
 
 class ClusterBackend:
     """gloo or NCCL ranks on ipyparallel engines, one engine per rank."""
+
+    simulated = False
 
     def __init__(self, name: str, world_size: int, **options: Any) -> None:
         if name not in ("gloo", "nccl"):
@@ -696,7 +697,7 @@ class ClusterBackend:
             self.close()
             raise
 
-    # --- Backend protocol ----------------------------------------------------------------------
+    # --- Backend interface ---------------------------------------------------------------------
 
     def key(self) -> tuple[Any, ...]:
         return (self.name, self.world_size, *sorted(self.options.items()))
@@ -854,14 +855,14 @@ class ClusterBackend:
 
     # --- restart -------------------------------------------------------------------------------
 
-    def restart(self) -> None:
-        """Bring the mesh back. Surviving ranks get a new process group on a new port in place;
+    def restart(self) -> ClusterBackend:
+        """Bring the mesh back, in place. Surviving ranks get a new process group on a new port;
         dead ranks (or ranks stuck past the timeout) get new engines first. Names the cells
         defined on the ranks are cleared: their DTensors belong to the old process group."""
         progress = Progress(bool(self.options.get("progress", True)))
         if self.client is None:
             self._connect(progress)
-            return
+            return self
         dead = self._dead_engines()
         for e in dead:
             self.busy.pop(e, None)
@@ -895,6 +896,7 @@ class ClusterBackend:
             self._hello(fresh, progress)
         self._init_pg(progress)
         progress(f"{self.name} backend restarted: {self.world_size} ranks")
+        return self
 
     def _dead_engines(self) -> list[int]:
         live = set(self.client.ids)
@@ -1122,14 +1124,19 @@ class ClusterBackend:
             raise RankError("\n".join(lines), errors, where)
         return trace, widgets
 
+    def record(self, values: str | int, memory: Any) -> AbstractContextManager[Trace]:
+        """Refused: a ``with`` body runs in this process, and the ranks are other processes."""
+        raise refuse_record(self.name)
+
     def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
         """A ``%%spmd`` cell on every rank; its names stay on the ranks; returns its value."""
-        from ..magics import compile_cell
+        from ..cells import compile_cell
 
         body, last = compile_cell(cell)
-        if body is None and last is None:
+        code = body or last
+        if code is None:  # an empty cell
             return None
-        filename = (body or last).co_filename
+        filename = code.co_filename
         values = DEFAULT_VALUE_BUDGET if values is None else values
         ns = getattr(shell, "user_ns", None) or {}
         imports = notebook_imports(ns)
@@ -1145,9 +1152,14 @@ class ClusterBackend:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        *,
         values: str | int = DEFAULT_VALUE_BUDGET,
+        threads: int | None = None,
+        memory: Any = False,
     ) -> Trace:
-        """``sv.run(fn, *args)`` on every rank; ``trace.results[rank]`` is what fn returned there."""
+        """``sv.run(fn, *args)`` on every rank; ``trace.results[rank]`` is what fn returned there.
+        ``threads=`` and ``memory=`` are the simulator's: refused with the way out."""
+        refuse_simulation_options(self.name, values, threads, memory)
         shipped, env = ship_function(fn)
         per_rank = [
             (shipped, args_for_rank(args, r), args_for_rank(kwargs, r), env, self._rank_values(values))
@@ -1161,19 +1173,15 @@ class ClusterBackend:
 
     def per_rank(self, fn: Callable[[int], Any]) -> Any:
         """A per-rank tensor in the notebook; ``sv.run`` hands each rank its own value."""
-        import torch
-
         from .. import _torch
 
-        values = {}
-        for r in range(self.world_size):
-            v = fn(r)
-            if not isinstance(v, torch.Tensor):
-                raise TypeError(
-                    f"sv.per_rank: fn({r}) returned a {type(v).__name__}; it must return a tensor per rank"
-                )
-            values[r] = v.detach().clone()
+        values = {r: rank_tensor(fn, r).detach().clone() for r in range(self.world_size)}
         return _torch.new_local_tensor(values)
+
+    def show(self, obj: Any, **options: Any) -> Any:
+        """In the notebook: the view itself (a cell's ``sv.show`` on the ranks comes back as its
+        widget, drawn from every rank's shard)."""
+        return draw(obj, **options)
 
     def _value(self, runs: Sequence[RankRun], widgets: Mapping[int, Any]) -> Any:
         """The cell's value as the simulator shows it: a tensor per rank is a LocalTensor, a value

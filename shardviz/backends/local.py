@@ -3,23 +3,30 @@
 ``use()`` only sets up a fake process group of the right size; the dispatch mode is entered by
 ``record()``/``run()``/``%%spmd`` and left when they finish, so plain torch code in the notebook
 stays plain between cells.
+
+What ``sv.record``, ``sv.run``, ``sv.per_rank`` and ``%%spmd`` do in the simulator lives here;
+the front ends (``shardviz.record``, ``shardviz.magics``) only pick the current backend. The
+capture modules it drives (recorder, storage, p2p) are imported where used, so that importing
+the backends stays cheap and free of import cycles.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 from .. import _torch
 from ..errors import BackendError, WorldSizeError
-from .base import check_world_size
+from ..trace import DEFAULT_VALUE_BUDGET, Trace
+from .base import MEMORY_REFUSED, check_world_size, counts_memory, draw, rank_tensor
 
 
 class LocalBackend:
     name = "local"
+    simulated = True
 
     def __init__(self, world_size: int = 4) -> None:
         self.world_size = check_world_size(world_size)
@@ -77,6 +84,92 @@ class LocalBackend:
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_pg = False
+
+    def restart(self) -> LocalBackend:
+        """A new simulator of the same size: a new fake process group and a fresh mode."""
+        self.close()
+        return LocalBackend(self.world_size)
+
+    @contextlib.contextmanager
+    def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
+        """Run the body as SPMD ranks and record it (``sv.record``). The trace's events are filled
+        in when the block ends; no dispatch mode outlives it, and an error keeps its type."""
+        from ..explain import explain_simulation_error
+        from ..record import _set_last
+        from ..recorder import Recorder, ValueBudget
+        from ..storage import MemoryRecorder
+
+        ValueBudget(values)  # validate before entering anything
+        trace = Trace(self.world_size, "local", values)
+        if counts_memory(memory):
+            recorder: Recorder = MemoryRecorder(trace, self.world_size, values, memory=memory)
+        else:
+            recorder = Recorder(trace, self.world_size, values)
+        try:
+            with self.simulate(), recorder:
+                yield trace
+        except BaseException as e:
+            trace.complete = False
+            explain_simulation_error(e, self.world_size)  # in place: same object, type and cause
+            raise
+        finally:
+            recorder.finish()
+            _set_last(trace)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        values: str | int = DEFAULT_VALUE_BUDGET,
+        threads: int | None = None,
+        memory: Any = False,
+    ) -> Trace:
+        """``fn`` on every simulated rank at once, or in ``threads`` simulated threads (send/recv,
+        pipelines: ``shardviz.p2p``); memory is counted in single-thread runs only."""
+        if threads is not None:
+            if counts_memory(memory):
+                raise NotImplementedError(MEMORY_REFUSED)
+            from ..p2p import run_threads
+
+            return run_threads(self, fn, args, kwargs, threads=threads, values=values)
+        from ..recorder import split_per_rank
+
+        with self.record(values, memory=memory) as trace:
+            result = fn(*args, **kwargs)
+            trace.results = split_per_rank(result, range(self.world_size))
+        return trace
+
+    def per_rank(self, fn: Callable[[int], Any]) -> Any:
+        """A LocalTensor whose rank ``r`` holds ``fn(r)``; ``fn`` runs once per rank on plain tensors."""
+        from ..storage import made
+
+        values = {}
+        with _torch.no_dispatch():
+            for r in range(self.world_size):
+                v = rank_tensor(fn, r)
+                if _torch.is_local_tensor(v) or _torch.is_dtensor(v):
+                    raise TypeError(
+                        f"sv.per_rank: fn({r}) returned a {type(v).__name__}; return one rank's plain "
+                        "tensor (fn runs once per rank)"
+                    )
+                values[r] = v.detach().clone()
+        out = _torch.new_local_tensor(values)
+        made(out)  # counted by any recording that counts memory
+        return out
+
+    def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
+        """A ``%%spmd`` cell in the notebook's namespace, recorded; names it defines stay there."""
+        from ..cells import compile_cell, run_compiled
+
+        body, last = compile_cell(cell)
+        ns = shell.user_ns
+        with self.record(DEFAULT_VALUE_BUDGET if values is None else values):
+            return run_compiled(body, last, ns)
+
+    def show(self, obj: Any, **options: Any) -> Any:
+        return draw(obj, **options)
 
     def __repr__(self) -> str:
         return f"LocalBackend(world_size={self.world_size})"

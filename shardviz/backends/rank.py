@@ -25,6 +25,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ import torch.distributed as dist
 
 from .. import _torch
 from ..errors import BackendError
-from ..trace import Source, Trace
+from ..trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from .base import draw, rank_tensor, refuse_record, refuse_simulation_options
 
 # The mimetype a ``sv.show`` marker displays as on a rank; the client swaps in the widget.
 SHOW_MIME = "application/vnd.shardviz.show+json"
@@ -56,6 +58,7 @@ class _RankState:
     shows: dict[int, dict[str, Any]] = field(default_factory=dict)
     displayed: set[int] = field(default_factory=set)
     next_show: int = 0
+    running: bool = False  # a cell or sv.run function runs here: sv.show gathers for the client
 
 
 _state: _RankState | None = None
@@ -64,9 +67,12 @@ _state: _RankState | None = None
 class RankBackend:
     """shardviz's backend inside a rank's own process: code runs here directly, on this rank.
 
-    Installed on the engine by ``setup`` so that ``sv.device_type()`` and ``sv.per_rank`` in a
-    ``%%spmd`` cell mean the same as in the simulator.
+    Installed on the engine by ``setup`` (and by ``sv.record_job`` in a launched job) so that
+    ``sv.device_type()``, ``sv.per_rank`` and ``sv.show`` in a ``%%spmd`` cell mean the same as in
+    the simulator. What only the notebook can do (run cells, restart the ranks) is refused.
     """
+
+    simulated = False
 
     def __init__(self, name: str, world_size: int, rank: int) -> None:
         self.name = name
@@ -82,20 +88,43 @@ class RankBackend:
     def close(self) -> None:
         """The client owns the process group; nothing to release from inside a cell."""
 
-    def per_rank(self, fn: Callable[[int], Any]) -> Any:
-        v = fn(self.rank)
-        if not isinstance(v, torch.Tensor):
-            raise TypeError(
-                f"sv.per_rank: fn({self.rank}) returned a {type(v).__name__}; it must return a tensor "
-                "per rank"
-            )
-        return v
+    def restart(self) -> RankBackend:
+        raise BackendError(
+            "sv.restart() rebuilds the ranks from the notebook that started them; on a rank (a %%spmd "
+            "cell, sv.record_job) there is nothing to restart"
+        )
 
-    def run(self, fn: Callable[..., Any], args: Any, kwargs: Any, values: Any = None) -> Any:
+    def record(self, values: str | int, memory: Any) -> AbstractContextManager[Trace]:
+        raise refuse_record(self.name)
+
+    def per_rank(self, fn: Callable[[int], Any]) -> Any:
+        return rank_tensor(fn, self.rank)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        values: str | int = DEFAULT_VALUE_BUDGET,
+        threads: int | None = None,
+        memory: Any = False,
+    ) -> Trace:
+        refuse_simulation_options(self.name, values, threads, memory)
         raise BackendError(
             "sv.run inside a %%spmd cell: the cell already runs on every rank and is recorded; "
             "call the function directly"
         )
+
+    def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
+        raise BackendError("%%spmd cells are sent to the ranks from the notebook, not run on a rank")
+
+    def show(self, obj: Any, **options: Any) -> Any:
+        """While a cell or ``sv.run`` function runs here: keep this rank's part for the client,
+        which draws every rank's together; otherwise (``%px``, ``sv.record_job``) draw here."""
+        if _state is not None and _state.running:
+            return gather_show(obj, **options)
+        return draw(obj, **options)
 
     def __repr__(self) -> str:
         return f"RankBackend({self.name!r}, rank={self.rank}, world_size={self.world_size})"
@@ -271,7 +300,7 @@ class ShowMarker:
         return {"text/plain": f"<shardviz show #{self.id}>", SHOW_MIME: {"id": self.id}}
 
 
-def show(obj: Any, **options: Any) -> Any:
+def gather_show(obj: Any, **options: Any) -> Any:
     """``sv.show`` inside a ``%%spmd`` cell: keep this rank's layout and shard (on the CPU) for the
     client, which gathers every rank's and draws the widget in the notebook."""
     from ..layout import Layout
@@ -328,25 +357,6 @@ def show(obj: Any, **options: Any) -> Any:
     return ShowMarker(mid)
 
 
-class _ShowPatch:
-    """Route ``sv.show`` to this rank's gatherer while a cell or function runs."""
-
-    def __enter__(self) -> None:
-        import shardviz
-
-        self.had = "show" in shardviz.__dict__
-        self.prev: Any = shardviz.__dict__.get("show")  # whatever the module held
-        shardviz.show = show
-
-    def __exit__(self, *exc: object) -> None:
-        import shardviz
-
-        if self.had:
-            shardviz.show = self.prev
-        else:
-            del shardviz.show
-
-
 # --- running code --------------------------------------------------------------------------------
 
 
@@ -381,12 +391,9 @@ def run_cell(
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
 
     def body() -> Any:
-        from ..magics import split_cell
+        from ..cells import run_compiled, split_cell
 
-        stmts, last = split_cell(source, filename)
-        if stmts is not None:
-            exec(stmts, ns)
-        return eval(last, ns) if last is not None else None
+        return run_compiled(*split_cell(source, filename), ns)
 
     return _recorded(body, values, filename)
 
@@ -434,11 +441,14 @@ def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict
     value: Any = None
     trace: Trace | None = None
     t0 = time.perf_counter()
+    st.running = True  # sv.show, through this rank's backend, now gathers for the client
     try:
-        with _ShowPatch(), record_rank(st.rank, st.world_size, values, on_collective=flight) as trace:
+        with record_rank(st.rank, st.world_size, values, on_collective=flight) as trace:
             value = body()
     except BaseException as e:
         error = describe_error(e, filename)
+    finally:
+        st.running = False
     elapsed = time.perf_counter() - t0
     value = portable(value)
     _flush_stdio()
@@ -523,7 +533,3 @@ def trace_bytes(trace: Trace) -> bytes:
     """The trace as the bytes of ``trace.save``: JSON and ``.npy``, no pickle."""
     with tempfile.TemporaryDirectory(prefix="shardviz-") as d:
         return trace.save(Path(d) / "rank.svtrace").read_bytes()
-
-
-def ping() -> int:
-    return os.getpid()

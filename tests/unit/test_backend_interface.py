@@ -1,0 +1,125 @@
+"""The Backend interface: every backend implements all of it, callers reach the backend only
+through it, and the backends never load the IPython front end. No cluster is started."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_architecture import PACKAGE, ROOT, forbidden_imports
+
+import shardviz as sv
+from shardviz import backends
+from shardviz.backends.base import Backend
+from shardviz.backends.cluster import ClusterBackend
+from shardviz.backends.local import LocalBackend
+from shardviz.backends.rank import RankBackend
+from shardviz.errors import BackendError
+
+BACKENDS = [LocalBackend, ClusterBackend, RankBackend]
+METHODS = sorted(n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
+
+
+def _parameters(fn):
+    params = list(inspect.signature(fn).parameters.values())
+    return [(p.name, p.kind) for p in params[1:]]  # without self
+
+
+def test_the_interface_is_the_one_callers_need():
+    assert METHODS == [
+        "close",
+        "device_type",
+        "key",
+        "per_rank",
+        "record",
+        "restart",
+        "run",
+        "run_cell",
+        "show",
+    ]
+    assert {"name", "world_size", "simulated"} <= set(Backend.__annotations__)
+
+
+@pytest.mark.parametrize("cls", BACKENDS, ids=lambda c: c.__name__)
+def test_every_backend_implements_every_method(cls):
+    for name in METHODS:
+        method = getattr(cls, name, None)
+        assert callable(method), f"{cls.__name__} has no {name}()"
+        assert _parameters(method) == _parameters(getattr(Backend, name)), f"{cls.__name__}.{name}"
+
+
+def test_the_simulator_is_the_one_simulated_backend():
+    assert LocalBackend.simulated is True
+    assert ClusterBackend.simulated is False and RankBackend.simulated is False
+
+
+def _real(cls: type) -> object:
+    """A real backend's refusals need no engines: an unstarted ClusterBackend, or a rank's."""
+    if cls is RankBackend:
+        return RankBackend("gloo", 2, 0)
+    backend = ClusterBackend.__new__(ClusterBackend)
+    backend.name, backend.world_size = "gloo", 2
+    return backend
+
+
+@pytest.mark.parametrize("cls", [ClusterBackend, RankBackend], ids=lambda c: c.__name__)
+def test_real_backends_refuse_what_only_the_simulator_does(cls):
+    backend = _real(cls)
+
+    def fn(*args):
+        return torch.ones(1)
+
+    with backends.swapped(backend):
+        refused = "record\\(\\) runs code in this process, which the 'gloo'"
+        with pytest.raises(BackendError, match=refused), sv.record():
+            pass
+        with pytest.raises(NotImplementedError, match="single-thread runs only"):
+            sv.run(fn, memory=True)
+        with pytest.raises(BackendError, match="on the 'gloo' backend every rank is a real process"):
+            sv.run(fn, threads=2)
+
+
+def test_compare_refuses_the_simulator():
+    sv.use("local")
+    with pytest.raises(BackendError, match="switch to one first"):
+        sv.compare(lambda: None)
+
+
+def test_sv_show_asks_the_current_backend():
+    class Drawing:
+        def show(self, obj, **options):
+            return ("drawn", obj, options)
+
+    with backends.swapped(Drawing()):
+        assert sv.show("x", title="t") == ("drawn", "x", {"title": "t"})
+
+
+def test_no_module_but_the_extension_hook_imports_the_ipython_front_end():
+    """Backends, compare and record reach cells through ``shardviz.cells``, not ``magics``, so
+    that nothing below the front end loads IPython (and backends → magics → compare → record →
+    backends is no cycle)."""
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("shardviz/__init__.py", "shardviz/magics.py") or "__pycache__" in path.parts:
+            continue
+        for line, text, _ in forbidden_imports(path.read_text(encoding="utf-8"), rel, ("shardviz.magics",)):
+            problems.append(f"{rel}:{line}: `{text}`")
+    assert not problems, "imports of the IPython front end:\n" + "\n".join(problems)
+
+
+def test_importing_the_backends_loads_no_ipython():
+    code = (
+        "import sys\n"
+        "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster, shardviz.cells\n"
+        "print(sorted(m for m in sys.modules if m == 'shardviz.magics' or m.split('.')[0] == 'IPython'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(ROOT), timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
