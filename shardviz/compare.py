@@ -198,9 +198,9 @@ def _step(e: Event) -> tuple[Any, ...]:
 def _describe(e: Event | None) -> str:
     if e is None:
         return "no event"
-    from .merge import describe
+    from .describe import brief
 
-    return describe(e)
+    return brief(e)
 
 
 def _diff_event(

@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from . import describe
 from .trace import CollectiveEvent, Event
 
 
@@ -167,7 +168,7 @@ def event_cost(e: CollectiveEvent, spec: str | Link | None = None) -> CostRow:
     bus = bus_factor(e.op, n) * per_rank
     steps = ring_steps(e.op, n)
     secs = lk.seconds(steps, bus)
-    dim = e.mesh_dim_name or (f"dim {e.mesh_dim}" if e.mesh_dim is not None else "-")
+    dim = describe.mesh_dim(e) or "-"
     return CostRow(e.id, e.op, dim, e.module or "-", n, len(e.groups), per_rank, bus, secs)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .describe import rank_list
 from .model import fmt_bytes, short_bytes
-from .views.geometry import rank_list
 
 _BARS = " ▁▂▃▄▅▆▇█"
 

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from . import describe
 from . import mesh as _mesh
 from .errors import ShardvizError
 from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Event, OpEvent, RedistributeEvent, Trace
@@ -80,7 +81,7 @@ def check_sequences(events: Mapping[int, Sequence[Event]]) -> None:
         if len({repr(s) for s in sigs.values()}) == 1:
             continue
         by_rank = {
-            r: describe(events[r][i], group=False)
+            r: describe.brief(events[r][i], group_too=False)
             if i < len(events[r])
             else f"nothing: it recorded {len(events[r])} events"
             for r in ranks
@@ -99,23 +100,6 @@ def signature(e: Event) -> tuple[Any, ...]:
     if isinstance(e, OpEvent):
         return (*base, e.name, e.input_placements, e.output_placements)
     return (*base, getattr(e, "name", None))
-
-
-def describe(e: Event, group: bool = True) -> str:
-    """One event in a few words, for error messages."""
-    if isinstance(e, CollectiveEvent):
-        what = e.op + (f" {e.reduce_op}" if e.reduce_op else "")
-        if e.groups and group:
-            what += " on group [" + ",".join(str(r) for r in e.groups[0]) + "]"
-    elif isinstance(e, RedistributeEvent):
-        what = f"redistribute {list(e.src)} -> {list(e.dst)}"
-    elif isinstance(e, OpEvent):
-        what = e.name
-    else:
-        what = e.kind
-    if e.source is not None:
-        what += f" (line {e.source.line}: {e.source.text})"
-    return what
 
 
 def _mismatch_message(i: int, by_rank: dict[int, str]) -> str:
@@ -175,13 +159,13 @@ def _merge_groups(i: int, per_rank: dict[int, CollectiveEvent]) -> tuple[tuple[i
                 f"event #{i}: rank {r} reported groups {list(map(list, e.groups))}; a real rank reports "
                 "exactly its own group",
                 i,
-                {r: describe(e)},
+                {r: describe.brief(e)},
             )
         reported[r] = tuple(sorted(e.groups[0]))
     for r, g in reported.items():
         for other in g:
             if other in reported and reported[other] != g:
-                by_rank = {r: describe(per_rank[r]), other: describe(per_rank[other])}
+                by_rank = {r: describe.brief(per_rank[r]), other: describe.brief(per_rank[other])}
                 raise SequenceMismatchError(
                     f"event #{i}: rank {r} ran it on group {list(g)} but rank {other} on group "
                     f"{list(reported[other])}; the ranks disagree on who takes part",
@@ -282,7 +266,7 @@ def _truncated(trace: Trace, n: int) -> Trace:
 def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[int]) -> list[str]:
     ranks = sorted(traces)
     events = {r: traces[r].events for r in ranks}
-    last = f"event #{n - 1} ({describe(events[ranks[0]][n - 1])})" if n else "no event"
+    last = f"event #{n - 1} ({describe.brief(events[ranks[0]][n - 1])})" if n else "no event"
     if all(len(events[r]) == n for r in ranks):
         lines = [f"every rank recorded the same {_events(n)}, but not every rank ended normally"]
     else:
@@ -294,13 +278,17 @@ def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[int]) 
     for r in ranks:
         status = _status_text(traces[r])
         if len(events[r]) > n:
-            went_on.setdefault(describe(events[r][n]), []).append(r)
+            went_on.setdefault(describe.brief(events[r][n]), []).append(r)
             continue
         st = traces[r].meta.get("status")
         ended_normally = isinstance(st, dict) and st.get("how") == "finished" and "in_collective" not in st
         if ended_normally and all(len(events[q]) == n for q in ranks):
             continue
-        after = f"after event #{n - 1} ({describe(events[r][n - 1])})" if n else "before recording any event"
+        after = (
+            f"after event #{n - 1} ({describe.brief(events[r][n - 1])})"
+            if n
+            else "before recording any event"
+        )
         lines.append(f"rank {r} stopped {after}{status}")
     for d, rs in sorted(went_on.items(), key=lambda kv: kv[1]):
         counts = sorted({len(events[r]) for r in rs})

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from . import describe
+from .describe import rank_list
 from .layout import Layout
 from .layout import compute as _compute_layout
 from .trace import DTYPE_SIZES
-from .views.geometry import rank_list
 
 KINDS = ("param", "buffer", "grad", "optimizer")
 
@@ -475,10 +476,6 @@ def short_bytes(n: int) -> str:
     raise AssertionError
 
 
-def fmt_shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
 def mesh_label(layout: Layout, distributed: bool) -> str:
     if not distributed:
         return "-"
@@ -502,8 +499,8 @@ def shape_summary(m: ModelMap, i: int) -> str:
     held = len(lay.shards)
     missing = m.world_size - held
     if len(gs) == 1 and not missing:
-        return fmt_shape(gs[0][0])
-    parts = [f"{fmt_shape(v)} r{rank_list(rs)}" for v, rs in gs[:3]]
+        return describe.shape_tuple(gs[0][0])
+    parts = [f"{describe.shape_tuple(v)} r{rank_list(rs)}" for v, rs in gs[:3]]
     if len(gs) > 3:
         parts.append(f"… {len(gs) - 3} more")
     if missing:
@@ -550,7 +547,7 @@ def text(m: ModelMap) -> str:
             (
                 "  " + leaf,
                 r.kind,
-                fmt_shape(r.global_shape),
+                describe.shape_tuple(r.global_shape),
                 r.dtype,
                 mesh_label(lay, r.distributed),
                 "[" + ", ".join(lay.placements) + "]" if r.distributed else "plain",

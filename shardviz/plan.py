@@ -6,11 +6,15 @@ planner step by step (the same plan string as the recorder sees), derives each s
 buffer shapes from the pure geometry (padding included, as DTensor pads uneven shards), and
 returns a Trace whose snapshots carry shapes and bytes but no values — so every view of a
 recorded trace works on a plan too.
+
+The other way round, ``plan_steps`` reads a recorded redistribute's plan string back into steps
+(the layouts around each and the collective that ran it) for the views that draw it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,7 +22,8 @@ from . import mesh as _mesh
 from .layout import Layout
 from .layout import compute as compute_layout
 from .placement import Placement, normalize
-from .trace import CollectiveEvent, RedistributeEvent, TensorSnapshot, Trace, dtype_size
+from .placement import parse as parse_placement
+from .trace import CollectiveEvent, Event, RedistributeEvent, TensorSnapshot, Trace, dtype_size
 
 _IMPL = {
     "all_gather": "_c10d_functional.all_gather_into_tensor",
@@ -228,3 +233,107 @@ def plan(
         layout = compute_layout(shape, mesh_shape, current, mesh_dim_names, dtype=dtype)
     trace.events = events
     return trace
+
+
+# ---- reading a recorded plan string -------------------------------------------------------------
+
+_TOKEN = re.compile(r"(_S\(-?\d+,\s*(?:sf=)?\d+\)|S\(-?\d+\)|R|P(?:\(\w+\))?)(?:\[(\d+)\])?")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One transform of a recorded redistribute's plan, read from its plan string, with the
+    layouts around it when they are known (:class:`Step` is the planner's, with placements)."""
+
+    index: int
+    mesh_dim: int | None
+    src: str
+    dst: str
+    op: str | None  # the collective, None for a local step (e.g. R -> S)
+    before: Layout | None = None
+    after: Layout | None = None
+    event: int | None = None  # the child collective that ran this step
+
+
+def parse_plan_string(plan: str) -> list[list[tuple[str, int | None]]] | None:
+    """The states of a plan string as DTensor prints it (the reverse of :func:`plan_string`):
+    per state, per mesh dim, the placement and its shard order (``S(0)[1]`` -> ``("S(0)", 1)``);
+    None when the text is not such a plan (another torch version's format, say)."""
+    states = []
+    for text in plan.split("->"):
+        toks, pos = [], 0
+        for m in _TOKEN.finditer(text):
+            if m.start() != pos:
+                return None
+            pos = m.end()
+            toks.append((m.group(1), int(m.group(2)) if m.group(2) else None))
+        if pos != len(text) or not toks:
+            return None
+        states.append(toks)
+    if len(states) < 2 or any(len(s) != len(states[0]) for s in states):
+        return None
+    return states
+
+
+def _state_layout(e: RedistributeEvent, state: list[tuple[str, int | None]]) -> Layout | None:
+    """The layout of one state of the plan (shard order included), from the event's geometry."""
+    ref = e.before or e.after
+    if ref is None:
+        return None
+    placements = [p for p, _ in state]
+    order: dict[int, list[tuple[int, int]]] = {}
+    for m, (p, k) in enumerate(state):
+        if k is not None:
+            d = parse_placement(p).dim
+            if d is not None:
+                order.setdefault(d, []).append((k, m))
+    shard_order = {d: [m for _, m in sorted(v)] for d, v in order.items()} or None
+    try:
+        return compute_layout(
+            ref.global_shape,
+            ref.mesh_shape,
+            placements,
+            ref.mesh_dim_names,
+            dtype=ref.dtype,
+            mesh_ranks=ref.mesh_ranks,
+            shard_order=shard_order,
+        )
+    except (ValueError, TypeError):
+        return None
+
+
+def plan_steps(e: RedistributeEvent, children: Sequence[Event] = ()) -> list[PlanStep]:
+    """The plan string of a redistribute as steps (one mesh dim each), with the layout before and
+    after each step and the child collective that ran it; [] when the plan cannot be read."""
+    states = parse_plan_string(e.plan) if e.plan else None
+    if states is None:
+        return []
+    layouts = [_state_layout(e, s) for s in states]
+    if e.before is not None:
+        layouts[0] = e.before
+    if e.after is not None and [p for p, _ in states[-1]] == list(e.after.placements):
+        layouts[-1] = e.after
+    cols = [c for c in children if isinstance(c, CollectiveEvent)]
+    used: set[int] = set()
+    out = []
+    for i in range(len(states) - 1):
+        a, b = states[i], states[i + 1]
+        changed = [m for m in range(len(a)) if a[m][0] != b[m][0]]
+        m = changed[0] if changed else None
+        src = "".join(p for p, _ in a) if m is None else a[m][0]
+        dst = "".join(p for p, _ in b) if m is None else b[m][0]
+        op = None
+        if m is not None:
+            try:
+                op = Step(m, parse_placement(src), parse_placement(dst)).op
+            except ValueError:
+                op = None
+        child = None
+        if op is not None:
+            for c in cols:
+                if c.id not in used and c.op == op and (c.mesh_dim is None or c.mesh_dim == m):
+                    child = c.id
+                    used.add(c.id)
+                    break
+        out.append(PlanStep(i, m, src, dst, op, layouts[i], layouts[i + 1], child))
+    return out

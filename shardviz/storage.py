@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _torch
+from . import _torch, describe
 from .memory import MemoryTimeline
 from .recorder import Recorder
-from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Trace
+from .trace import Event, Trace
 
 # The trackers of the recordings running now: ``sv.per_rank`` makes its LocalTensor without an
 # operator, so it reports the tensor here.
@@ -228,7 +228,7 @@ def timeline(trace: Trace, slots: list[Event | None], tracker: StorageTracker) -
         rows.append(now)
     peak_event = tuple(None if s is None else final[s] for s in tracker.peak_slot)
     by_id = {e.id: e for e in trace.events}
-    labels = {i: label(by_id[i]) for i in set(peak_event) if i is not None and i in by_id}
+    labels = {i: describe.label(by_id[i]) for i in set(peak_event) if i is not None and i in by_id}
     return MemoryTimeline(
         world_size=tracker.world_size,
         events=tuple(events),
@@ -238,18 +238,3 @@ def timeline(trace: Trace, slots: list[Event | None], tracker: StorageTracker) -
         counted=", ".join(tracker.counted),
         labels=labels,
     )
-
-
-def label(e: Event) -> str:
-    """What an event is, in a few words: ``all_gather in Block.ffn (forward)``."""
-    if isinstance(e, CollectiveEvent):
-        what = e.op
-    elif isinstance(e, RedistributeEvent):
-        what = "redistribute"
-    elif isinstance(e, OpEvent):
-        what = e.name
-    else:
-        what = e.kind
-    where = f" in {e.module}" if e.module else ""
-    phase = f" ({e.phase})" if e.phase else ""
-    return f"{what}{where}{phase}"

@@ -8,13 +8,15 @@ picture; values travel on demand through :func:`encode` as one binary buffer per
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
+from .. import describe
+from ..describe import rank_list
 from ..layout import Layout
 from ..placement import parse
 
@@ -35,20 +37,6 @@ def rank_style(rank: int) -> tuple[str, str, str]:
     """(fill colour, text colour, pattern) of a rank: the same in every view."""
     i = rank % len(PALETTE)
     return PALETTE[i], TEXT_ON[i], PATTERNS[(rank // len(PALETTE)) % len(PATTERNS)]
-
-
-def rank_list(ranks: Iterable[int]) -> str:
-    """Compact rank list: ``0-3, 6, 8-9``."""
-    out: list[str] = []
-    rs = sorted(ranks)
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def dim_labels(layout: Layout) -> list[str]:
@@ -88,16 +76,14 @@ def notes(layout: Layout) -> list[str]:
     for s in layout.shards:
         by_shape.setdefault(s.shape, []).append(s.rank)
     if len(by_shape) > 1:
-        parts = [f"{_shape(shape)} on rank(s) {rank_list(ranks)}" for shape, ranks in by_shape.items()]
+        parts = [
+            f"{describe.extent(shape)} on rank(s) {rank_list(ranks)}" for shape, ranks in by_shape.items()
+        ]
         lines.append("uneven shards: " + "; ".join(parts))
     empty = [s.rank for s in layout.shards if s.empty]
     if empty and layout.global_shape and 0 not in layout.global_shape:
         lines.append(f"empty shards (hold no elements): rank(s) {rank_list(empty)}")
     return lines
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "×".join(str(d) for d in shape) if shape else "scalar"
 
 
 # A sub-mesh's groups are drawn side by side up to this many ranks in all; past it, one at a time.

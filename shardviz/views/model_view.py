@@ -17,8 +17,9 @@ import anywidget
 import traitlets
 from anywidget.experimental import command
 
+from .. import describe
 from ..layout import Layout
-from ..model import KINDS, ModelMap, bytes_summary, fmt_shape, mesh_label, shape_summary
+from ..model import KINDS, ModelMap, bytes_summary, mesh_label, shape_summary
 from . import geometry as g
 from . import html
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
@@ -135,7 +136,7 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
                 raise ValueError("no row is selected: click one, or pass row= (a name or index)")
         r = self._map.rows[row] if isinstance(row, int) else self._map.row(row)
         return show_layout(
-            self._map.layouts[r.layout], title=f"{r.name} {fmt_shape(r.global_shape)} {r.dtype}"
+            self._map.layouts[r.layout], title=f"{r.name} {describe.shape_tuple(r.global_shape)} {r.dtype}"
         )
 
     # ---- on demand ----
@@ -150,7 +151,7 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
         if not 0 <= rank < m.world_size:
             return {"error": f"no rank {rank} (world of {m.world_size})"}
         per_layout = [_local(lay, rank) for lay in m.layouts]
-        shapes = [None if (s := per_layout[r.layout]) is None else fmt_shape(s) for r in m.rows]
+        shapes = [None if (s := per_layout[r.layout]) is None else describe.shape_tuple(s) for r in m.rows]
         return {"rank": rank, "bytes": m.nbytes[:, rank].tolist(), "shapes": shapes}
 
     @command

@@ -18,6 +18,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
+from .. import describe
 from ..layout import Layout
 from . import geometry as g
 
@@ -82,7 +83,7 @@ def plot_layout(
     fig = Figure(figsize=FIGSIZE, dpi=100)
     FigureCanvasAgg(fig)
     names = f" {layout.mesh_dim_names}" if layout.mesh_dim_names else ""
-    head = title or f"DTensor {g._shape(layout.global_shape)} {layout.dtype}"
+    head = title or f"DTensor {describe.extent(layout.global_shape)} {layout.dtype}"
     fig.text(0.01, 0.975, head, fontsize=12, weight="bold", va="top")
     fig.text(
         0.01,
@@ -148,11 +149,16 @@ def _draw_tensor(
 ) -> None:
     shape = layout.global_shape
     sub = f" · rows dim {rd}, columns dim {cd} at {idx}" if len(shape) >= 3 else ""
-    ax.set_title(f"global tensor {g._shape(shape)}{sub}", fontsize=10, loc="left")
+    ax.set_title(f"global tensor {describe.extent(shape)}{sub}", fontsize=10, loc="left")
     if 0 in shape:
         ax.set_axis_off()
         ax.text(
-            0.5, 0.5, f"empty tensor {g._shape(shape)}: no elements", ha="center", va="center", fontsize=10
+            0.5,
+            0.5,
+            f"empty tensor {describe.extent(shape)}: no elements",
+            ha="center",
+            va="center",
+            fontsize=10,
         )
         return
     nrows = shape[rd] if rd is not None else 1
@@ -234,7 +240,7 @@ def _draw_tensor(
         if len(b.owners) == 1:
             label = f"r{b.owners[0]}"
             s = layout.shard(b.owners[0])
-            sub = g._shape(s.shape)
+            sub = describe.extent(s.shape)
             ink = g.rank_style(b.owners[0])[1]
         else:
             label = (
@@ -350,7 +356,7 @@ def _draw_mesh(ax: Any, layout: Layout) -> None:
             if size >= 4:
                 text = str(s.rank)
                 if unit >= 34:
-                    text += "\n" + ("empty" if s.empty else g._shape(s.shape))
+                    text += "\n" + ("empty" if s.empty else describe.extent(s.shape))
                 ax.text(
                     x + 0.5,
                     y + 0.5,
@@ -383,7 +389,7 @@ def _draw_legend(fig: Figure, layout: Layout) -> None:
                     edgecolor="#555555",
                     hatch=_HATCH[pattern],
                     ls="--" if s.empty else "-",
-                    label=f"r{s.rank} {g._shape(s.shape)}",
+                    label=f"r{s.rank} {describe.extent(s.shape)}",
                 )
             )
         fig.legend(
@@ -440,7 +446,7 @@ def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Fi
     """One event before → after: each rank's buffers with arrows for what moves (a collective or
     local compute), or the layouts before and after with the plan (a redistribute)."""
     from ..trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
-    from .player import Model, event_trace, short_label
+    from .steps import Model, event_trace, short_label
     from .text import event_line
 
     if trace is None or all(e is not event for e in trace.events):

@@ -24,14 +24,40 @@ from . import html
 STATIC = Path(__file__).parent / "static"
 
 
+# A view split into panels: its files under static/, in the order they are joined. Each holds
+# plain top-level functions and constants (no import / export) that the view's own file calls.
+PANELS: dict[str, tuple[str, ...]] = {
+    "player": tuple(
+        f"player/{name}.js"
+        for name in (
+            "core",  # the shared state and its accessors: first, every panel uses it
+            "fetch",
+            "controls",
+            "timeline",
+            "cost",
+            "detail",
+            "flow",
+            "buffers",
+            "ring",
+            "redistribute",
+        )
+    ),
+}
+
+
+def esm_files(view: str) -> tuple[str, ...]:
+    """The files of one view's ESM under static/, in order: common.js, the view's panels, ``<view>.js``."""
+    return ("common.js", *PANELS.get(view, ()), f"{view}.js")
+
+
 def esm_source(view: str) -> str:
-    """One view's ESM: common.js (drawing code shared by the views) followed by ``<view>.js``.
+    """One view's ESM: common.js (drawing code shared by the views), the view's panel files, then
+    ``<view>.js`` (which calls them and exports the widget), joined into one module.
 
     anywidget takes the ESM as a string, so the shared code needs no bundler and no import URL,
     which an offline HTML export could not resolve anyway.
     """
-    parts = [(STATIC / f).read_text(encoding="utf-8") for f in ("common.js", f"{view}.js")]
-    return "\n".join(parts)
+    return "\n".join((STATIC / f).read_text(encoding="utf-8") for f in esm_files(view))
 
 
 # Default byte budget for the values embedded in an HTML export (all ranks plus the global tensor).

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 import shardviz as sv
 from shardviz import _torch
 from shardviz.placement import parse
+from shardviz.plan import parse_plan_string, plan_steps
 
 MESHES = [(4,), (2, 2), (3, 2), (2, 2, 2)]
 _meshes: dict = {}
@@ -127,3 +128,25 @@ def test_plan_refuses_what_dtensor_refuses():
         sv.plan((4,), (2,), ["R"], ["P"])
     with pytest.raises(ValueError, match="_StridedShard"):
         sv.plan((8,), (2, 2), ["_S(0,sf=2)", "S(0)"], ["R", "R"])
+
+
+def test_a_plan_string_reads_back_into_steps():
+    """What sv.plan writes, plan_steps reads back: one step per mesh dim, with the layouts around
+    it and the collective that ran it (the player draws a recorded redistribute from these)."""
+    trace = sv.plan((8, 4), (2, 2), ["S(0)", "S(0)"], ["R", "S(1)"], ("dp", "tp"))
+    red, *cols = trace.events
+    assert red.plan == "S(0)[0]S(0)[1]->S(0)S(1)->RS(1)"
+    assert parse_plan_string(red.plan) == [
+        [("S(0)", 0), ("S(0)", 1)],
+        [("S(0)", None), ("S(1)", None)],
+        [("R", None), ("S(1)", None)],
+    ]
+    steps = plan_steps(red, cols)
+    assert [(s.mesh_dim, s.src, s.dst, s.op, s.event) for s in steps] == [
+        (1, "S(0)", "S(1)", "all_to_all", 1),
+        (0, "S(0)", "R", "all_gather", 2),
+    ]
+    assert steps[0].before == red.before and steps[-1].after == red.after
+    assert steps[0].after is not None and steps[0].after.placements == ("S(0)", "S(1)")
+    for text in ("", "S(0)", "S(0)->Q", "S(0)R->R"):
+        assert parse_plan_string(text) is None, text

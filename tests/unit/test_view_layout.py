@@ -24,7 +24,7 @@ from widget_comm import attach, from_frontend, invoke
 import shardviz as sv
 from shardviz.views import geometry as g
 from shardviz.views import html as svhtml
-from shardviz.views.widgets import LayoutWidget
+from shardviz.views.widgets import LayoutWidget, esm_files
 
 matplotlib.use("Agg")
 
@@ -476,7 +476,7 @@ def test_bad_inputs_say_what_is_accepted(dts4):
 def test_wheel_ships_the_widget_js_and_css(built_wheel):
     """An editable install hides files missing from the package; look inside the real wheel."""
     names = set(zipfile.ZipFile(io.BytesIO(built_wheel.read_bytes())).namelist())
-    for f in ("layout.js", "layout.css", "standalone.js", "common.js", "player.js", "player.css"):
+    for f in ("layout.js", "layout.css", "standalone.js", "player.css", *esm_files("player")):
         assert f"shardviz/views/static/{f}" in names
     assert "shardviz/show.py" in names and "shardviz/views/html.py" in names
-    assert "shardviz/views/player.py" in names
+    assert "shardviz/views/player.py" in names and "shardviz/views/steps.py" in names

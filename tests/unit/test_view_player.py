@@ -10,7 +10,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 
 import matplotlib
 import numpy as np
@@ -476,6 +479,41 @@ def test_plot_event_draws_one_arrow_per_transfer(traces):
     whole = sv.plot(t, link="ib-hdr")
     bars = [p for p in whole.axes[0].patches if p.get_gid() == "collective"]
     assert len(bars) == len(t.collectives())
+
+
+_PLOT_WITHOUT_WIDGETS = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+import shardviz as sv
+from shardviz.views.mpl import plot_event
+
+sv.use("local", world_size=2)
+with sv.record() as t:
+    mesh = init_device_mesh("cpu", (2,))
+    distribute_tensor(torch.arange(6.0).reshape(3, 2), mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
+    dist.all_reduce(sv.per_rank(lambda r: torch.full((2,), float(r))))
+for e in t.events:
+    if e.kind in ("collective", "redistribute"):
+        plot_event(e, t)
+print(sorted(m for m in ("anywidget", "traitlets", "ipywidgets") if m in sys.modules))
+"""
+
+
+def test_plot_event_does_not_import_the_widget_libraries():
+    """sv.plot of an event is a matplotlib picture: it reads the player's step data, never the
+    widget, so it works (and stays light) where anywidget is not installed."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PLOT_WITHOUT_WIDGETS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[]", done.stdout
 
 
 # ---- HTML export -------------------------------------------------------------------------------------
