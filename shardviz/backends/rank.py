@@ -485,16 +485,9 @@ def describe_error(e: BaseException, filename: str) -> dict[str, Any]:
     return {"ename": type(e).__name__, "evalue": msg, "traceback": text, "distributed": distributed}
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_TORCH_PLUMBING = tuple(
-    os.path.join(_TORCH_DIR, f)
-    for f in ("_compile.py", "_dynamo", "distributed/c10d_logger.py", "utils/_python_dispatch.py", "_ops.py")
-)
-
-
 def _plumbing(filename: str) -> bool:
     """Frames the user did not write and cannot act on: shardviz's own, torch's dispatch layers."""
-    return filename.startswith((_OWN_DIR, *_TORCH_PLUMBING)) or filename.endswith("contextlib.py")
+    return filename.startswith((_OWN_DIR, *_torch.TRACEBACK_PLUMBING)) or filename.endswith("contextlib.py")
 
 
 def portable(value: Any) -> Any:

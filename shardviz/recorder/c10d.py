@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import Any
 
 import torch
@@ -212,14 +211,7 @@ def plain_is_fine(spec: Spec, bound: dict[str, Any]) -> bool:
 
 
 def plain_tensor_error(op: str, impl: str) -> PlainTensorCollectiveError:
-    frames = []
-    f: FrameType | None = sys._getframe(2)
-    while f is not None:
-        frames.append((f.f_code.co_name, f.f_code.co_filename, f.f_locals.get("self")))
-        f = f.f_back
-    strided = any(
-        name == "_shard_tensor" and type(obj).__name__ == "_StridedShard" for name, _, obj in frames
-    )
+    strided = _torch.strided_shard_scatter_on_stack(sys._getframe(2))
     msg = (
         f"{op} ({impl}) got only plain tensors under the simulation. LocalTensorMode hands such a "
         "collective to the fake process group, which does nothing, so its result would silently be "

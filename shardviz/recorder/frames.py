@@ -15,33 +15,17 @@ import tokenize
 from types import FrameType
 from typing import Any
 
-import torch
-
 from .. import _torch
 from ..trace import Source
 from . import caches
 
 # Frames from these places are library code, not the user's line.
-TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+TORCH_DIR = _torch.TORCH_DIR
 OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the shardviz package
 # Library wrappers between a user's call and torch (typing_extensions' @deprecated wraps
 # dist.all_gather_into_tensor and dist.reduce_scatter_tensor).
 _SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensions.py", "warnings.py")
-_DTENSOR_DISPATCH = os.path.join(TORCH_DIR, "distributed", "tensor", "_dispatch.py")
 _IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
-# torch files a dispatched op passes through on its way from the caller to a dispatch mode.
-_PLUMBING = tuple(
-    os.path.join(TORCH_DIR, *f.split("/"))
-    for f in (
-        "_ops.py",
-        "_compile.py",
-        "overrides.py",
-        "_tensor.py",
-        "functional.py",
-        "utils/_python_dispatch.py",
-        "_dynamo/eval_frame.py",
-    )
-)
 
 # What a frame's code is: a bit set.
 _USER, _LIBRARY, _DISPATCH, _MESH = 0, 1, 2, 4
@@ -61,12 +45,9 @@ def user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tupl
         if kind & _DISPATCH:
             in_dispatch = True
         if kind & _MESH and meshes is not None and not meshes:
-            f_locals = frame.f_locals  # builds a dict: only for the innermost frame with a mesh
-            for key in ("device_mesh", "mesh"):
-                m = f_locals.get(key)
-                if isinstance(m, _torch.DeviceMesh):
-                    meshes.append(m)
-                    break
+            m = _torch.frame_mesh(frame)  # only for the innermost frame with a mesh
+            if m is not None:
+                meshes.append(m)
         frame = frame.f_back
     return None, in_dispatch
 
@@ -76,9 +57,9 @@ def _code_kind(code: Any) -> int:
     fn = code.co_filename
     if fn.startswith(TORCH_DIR):
         kind = _LIBRARY
-        if fn == _DTENSOR_DISPATCH:
+        if fn == _torch.DTENSOR_DISPATCH_FILE:
             kind |= _DISPATCH
-        if "device_mesh" in code.co_varnames or "mesh" in code.co_varnames:
+        if _torch.may_hold_mesh(code):
             kind |= _MESH
     elif fn.startswith(OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):
         kind = _LIBRARY
@@ -145,7 +126,7 @@ def called_by_user(frame: FrameType | None) -> bool:
     """Whether the op being dispatched was called by user code rather than inside torch."""
     while frame is not None:
         fn = frame.f_code.co_filename
-        if not (fn.startswith(OWN_DIR) or fn.startswith(_PLUMBING)):
+        if not (fn.startswith(OWN_DIR) or fn.startswith(_torch.DISPATCH_PLUMBING)):
             return not fn.startswith(TORCH_DIR)
         frame = frame.f_back
     return False

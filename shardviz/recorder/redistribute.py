@@ -106,10 +106,10 @@ def layouts(caller: FrameType, src: Any, dst: Any, note_mesh: Callable[[Any], No
     src_spec = src if hasattr(src, "placements") else None
     dst_spec = dst if hasattr(dst, "placements") else None
     if src_spec is None or dst_spec is None:
-        # DTensor passes placements; its frame holds the specs. f_locals builds a dict: read it once.
-        frame_locals = caller.f_locals
-        src_spec = frame_locals.get("current_spec") if src_spec is None else src_spec
-        dst_spec = frame_locals.get("target_spec") if dst_spec is None else dst_spec
+        # DTensor passes placements; its frame holds the specs.
+        current, target = _torch.redistribute_specs(caller)
+        src_spec = current if src_spec is None else src_spec
+        dst_spec = target if dst_spec is None else dst_spec
     if src_spec is not None:
         note_mesh(src_spec.mesh)
     # A spec is immutable: the same DTensor redistributed again (a loop, a training step) gives

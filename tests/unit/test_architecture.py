@@ -8,6 +8,9 @@
    every shardviz module they import, at any depth, import neither torch nor the recorder, the
    backends or the views.
 
+4. Torch's internal layout (its frames' locals, its private source files by name) is read in
+   ``shardviz/_torch.py`` and, for tracebacks it explains, ``shardviz/explain.py`` only.
+
 Imports anywhere count: at the top, in a function (a lazy import), under ``if TYPE_CHECKING:``.
 """
 
@@ -208,6 +211,23 @@ def forbidden_imports(source: str, rel: str, forbidden: tuple[str, ...]) -> list
     return [(i.line, i.text, i.module) for i in _imports(tree, rel) if _under(i.module, forbidden)]
 
 
+# Modules allowed to read torch's frames: the gate, and the traceback explainer (whose whole job
+# is recognising torch's frames by file, function and locals; test-compat runs it on new torch).
+TORCH_LAYOUT_READERS = (TORCH_GATE, "shardviz/explain.py")
+
+
+def torch_layout_uses(source: str, rel: str) -> list[str]:
+    """Reads of a frame's locals, and strings naming one of torch's private source files."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename=rel)):
+        if isinstance(node, ast.Attribute) and node.attr == "f_locals":
+            found.append(f"{rel}:{node.lineno}: reads a frame's locals (`{ast.unparse(node)}`)")
+        text = _constant_str(node) if isinstance(node, ast.expr) else None
+        if text is not None and text.endswith(".py") and any(_is_private(p) for p in text.split("/")):
+            found.append(f"{rel}:{node.lineno}: names torch's private file {text!r}")
+    return found
+
+
 def _sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
@@ -234,6 +254,27 @@ def test_private_torch_only_in_the_gate():
         problems,
         f"private torch is used outside {TORCH_GATE}; add a small named function there and call it",
     )
+
+
+def test_torch_layout_only_in_the_gate():
+    problems = []
+    for path in _sources():
+        rel = _rel(path)
+        if rel not in TORCH_LAYOUT_READERS:
+            problems.extend(torch_layout_uses(_read(path), rel))
+    _fail(problems, "torch's frames and private files are read outside shardviz/_torch.py")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(frame):\n    return frame.f_locals.get('current_spec')",
+        "FILES = ('utils/_python_dispatch.py', 'overrides.py')",
+        "import os\nX = os.path.join(TORCH_DIR, 'distributed', 'tensor', '_dispatch.py')",
+    ],
+)
+def test_torch_layout_is_caught(source):
+    assert torch_layout_uses(source, "shardviz/example.py") != []
 
 
 def test_views_do_not_import_torch():
