@@ -205,15 +205,14 @@ class JobRecording:
         from . import backends
         from .backends.rank import RankBackend
 
-        self._prev_backend = backends.peek()
-        backends._current = RankBackend(_backend_name(), self.world_size, self.rank)
+        self._prev_backend = backends.install(RankBackend(_backend_name(), self.world_size, self.rank))
 
     def _restore_backend(self) -> None:
         from . import backends
         from .backends.rank import RankBackend
 
         if isinstance(backends.peek(), RankBackend):
-            backends._current = self._prev_backend
+            backends.install(self._prev_backend)
 
     def __enter__(self) -> JobRecording:
         return self.start()

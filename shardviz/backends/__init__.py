@@ -58,6 +58,14 @@ def swapped(backend: Backend) -> Iterator[Backend]:
         _current = saved
 
 
+def install(backend: Backend | None) -> Backend | None:
+    """Make ``backend`` current (None: none) without closing the one in use, and return that one:
+    a real rank, or a job recorded under torchrun, answers ``sv.*`` calls as that rank."""
+    global _current
+    previous, _current = _current, backend
+    return previous
+
+
 def current() -> Backend:
     """The active backend, building the default (local, 4 ranks) on first use."""
     global _current

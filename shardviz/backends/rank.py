@@ -208,7 +208,7 @@ def teardown() -> None:
     from .. import backends
 
     if isinstance(backends.peek(), RankBackend):
-        backends._current = None
+        backends.install(None)
 
 
 def _bracket(addr: str) -> str:
@@ -223,7 +223,7 @@ def _destroy_pg() -> None:
 def _install(backend: RankBackend) -> None:
     from .. import backends
 
-    backends._current = backend
+    backends.install(backend)
 
 
 def _require_state() -> _RankState:

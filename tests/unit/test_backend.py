@@ -36,7 +36,7 @@ def test_same_arguments_are_a_no_op_other_arguments_rebuild():
 
 def test_default_is_local_4():
     backends.current().close()
-    backends._current = None
+    backends.install(None)
     assert sv.device_type() == "cpu"
     assert backends.current().key() == ("local", 4)
 
@@ -163,7 +163,7 @@ def test_an_inner_mode_of_another_size_is_refused():
 def test_foreign_process_group_is_not_clobbered():
     sv.use("local", world_size=4)
     backends.current().close()
-    backends._current = None
+    backends.install(None)
     dist.init_process_group("fake", rank=0, world_size=3)
     try:
         with pytest.raises(BackendError, match="already initialized"):
@@ -171,6 +171,6 @@ def test_foreign_process_group_is_not_clobbered():
         sv.use("local", world_size=3)  # a matching fake group is adopted
         assert dist.get_world_size() == 3
     finally:
-        backends._current = None
+        backends.install(None)
         dist.destroy_process_group()
     sv.use("local", world_size=4)
