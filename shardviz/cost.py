@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import describe
 from .trace import CollectiveEvent, Event
@@ -156,8 +157,8 @@ class CostSummary:
     def __str__(self) -> str:
         return _table(self)
 
-    def _repr_pretty_(self, p: object, cycle: bool) -> None:
-        p.text(str(self))  # type: ignore[attr-defined]
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
 
 
 def event_cost(e: CollectiveEvent, spec: str | Link | None = None) -> CostRow:

@@ -144,8 +144,11 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
     for g in event.groups:
         n = len(g)
         listed_out = isinstance(event.outputs.get(g[0]), list)
-        if op in ("broadcast", "scatter", "gather", "reduce") and (root is None or root >= n):
-            return None
+        src_rank = -1  # a rooted op's root, as a global rank
+        if op in ("broadcast", "scatter", "gather", "reduce"):
+            if root is None or root >= n:
+                return None
+            src_rank = g[root]
         if op == "recv" and n == 2 and root in (0, 1):
             if g[root] not in ins:
                 return None
@@ -194,21 +197,21 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
                 for j, r in enumerate(g):
                     out[r] = np.concatenate([chunked[q][j] for q in g], axis=0)
         elif op == "broadcast":
-            if g[root] not in ins:  # type: ignore[index]
+            if src_rank not in ins:
                 return None
             for r in g:
-                out[r] = ins[g[root]]  # type: ignore[index]
+                out[r] = ins[src_rank]
         elif op == "scatter":
-            if g[root] not in ins:  # type: ignore[index]
+            if src_rank not in ins:
                 return None
-            src = ins[g[root]]  # type: ignore[index]
+            src = ins[src_rank]
             parts = src if isinstance(src, list) else _chunks(src, None, n)
             for j, r in enumerate(g):
                 out[r] = parts[j]
         elif op == "gather":
-            out[g[root]] = [_one(ins[q]) for q in g]  # type: ignore[index]
+            out[src_rank] = [_one(ins[q]) for q in g]
         elif op == "reduce":
-            out[g[root]] = reduce(event.reduce_op, [_one(ins[q]) for q in g])  # type: ignore[index]
+            out[src_rank] = reduce(event.reduce_op, [_one(ins[q]) for q in g])
         else:
             return None
     return out

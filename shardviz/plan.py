@@ -83,24 +83,24 @@ def greedy_steps(src: Sequence[Placement], dst: Sequence[Placement], mesh_shape:
 def plan_string(src: Sequence[Placement], steps: Sequence[Step]) -> str:
     """The plan as DTensor prints it, e.g. ``S(0)[0]S(0)[1]->S(0)R->RR``."""
     current = list(src)
-    order: dict[int, list[int]] = {}
+    order: dict[int | None, list[int]] = {}  # mesh dims sharding each tensor dim, in order
     for m, p in enumerate(current):
         if p.is_shard:
-            order.setdefault(p.dim, []).append(m)  # type: ignore[arg-type]
+            order.setdefault(p.dim, []).append(m)
 
     def state() -> str:
         out = ""
         for m, p in enumerate(current):
-            dims = order.get(p.dim, []) if p.is_shard else []  # type: ignore[arg-type]
+            dims = order.get(p.dim, []) if p.is_shard else []
             out += f"{p}[{dims.index(m)}]" if len(dims) > 1 else str(p)
         return out
 
     parts = [state()]
     for s in steps:
         if s.src.is_shard:
-            order[s.src.dim].pop()  # type: ignore[index]
+            order[s.src.dim].pop()
         if s.dst.is_shard:
-            order.setdefault(s.dst.dim, []).append(s.mesh_dim)  # type: ignore[arg-type]
+            order.setdefault(s.dst.dim, []).append(s.mesh_dim)
         current[s.mesh_dim] = s.dst
         parts.append(state())
     return "->".join(parts)

@@ -64,12 +64,12 @@ def _emulate_reduce_scatter(bound: dict[str, Any], groups: tuple[tuple[int, ...]
     ins = bound["input_tensors"][0]
     name = reduce_name(bound.get("reduce_op")) or "sum"
     dst = _torch.local_tensors(out)
-    srcs = [_torch.local_tensors(t) for t in ins]
-    if dst is not None and all(s is not None for s in srcs):
+    srcs = [s for s in (_torch.local_tensors(t) for t in ins) if s is not None]
+    if dst is not None and len(srcs) == len(ins):
         with _torch.no_dispatch():
             for g in groups:
                 for j, r in enumerate(g):
-                    dst[r].copy_(_reduce_tensors(name, [srcs[j][q] for q in g]))  # type: ignore[index]
+                    dst[r].copy_(_reduce_tensors(name, [srcs[j][q] for q in g]))
     return ([out], _torch.fake_work())
 
 
@@ -127,10 +127,12 @@ def gather_per_group(
     A rank of an incomplete group gets no output, as in LocalTensorMode."""
     local = _plain_local(bound.get("input"))
     size = bound.get("group_size")
-    complete = [g for g in groups if len(g) == size and all(r in local for r in g)] if local else []
+    if local is None:
+        return None
+    complete = [g for g in groups if len(g) == size and all(r in local for r in g)]
     if not complete:
         return None
-    return _clone_per_member(complete, lambda g: torch.cat([local[r] for r in g]))  # type: ignore[index]
+    return _clone_per_member(complete, lambda g: torch.cat([local[r] for r in g]))
 
 
 def reduce_per_group(
