@@ -132,7 +132,7 @@ def line(e: Event) -> str:
         where = mesh_dim(e)
         if where:
             parts.append(f"mesh {where}")
-        shapes = io_shapes(e) if e.inputs or e.outputs else ""
+        shapes = io_shapes(e)
         if shapes:
             parts.append(shapes)
         dt = dtype(e)

@@ -446,8 +446,7 @@ def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Fi
     """One event before → after: each rank's buffers with arrows for what moves (a collective or
     local compute), or the layouts before and after with the plan (a redistribute)."""
     from ..trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
-    from .steps import Model, event_trace, short_label
-    from .text import event_line
+    from .steps import Model, event_trace
 
     if trace is None or all(e is not event for e in trace.events):
         trace = event_trace(event)
@@ -464,8 +463,8 @@ def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Fi
     model = Model(trace, local_steps=isinstance(event, LocalEvent))
     k = next(i for i, e in enumerate(model.steps) if e is event)
     d = model.detail(k)
-    head = title or f"#{event.id} {short_label(event)}"
-    sub = event_line(event)
+    head = title or f"#{event.id} {describe.short(event)}"
+    sub = describe.line(event)
     if event.source is not None:
         sub += f"\nline {event.source.line}: {event.source.text}"
     if isinstance(event, RedistributeEvent):

@@ -18,9 +18,10 @@ import traitlets
 from anywidget.experimental import command
 
 from .. import cost as _cost
+from .. import describe
 from ..trace import Event, Trace
 from . import html
-from .steps import Model, event_trace, short_label
+from .steps import Model, event_trace
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
 
 # event_trace is re-exported: show.py makes a one-event trace for the player from here.
@@ -173,7 +174,7 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
 
     def __repr__(self) -> str:
         e = self.event
-        cur = f"#{e.id} {short_label(e)}" if e is not None else "none"
+        cur = f"#{e.id} {describe.short(e)}" if e is not None else "none"
         return f"PlayerWidget({self.trace!r}, steps={len(self._model.steps)}, step={self.step}, event={cur})"
 
     def text(self) -> str:

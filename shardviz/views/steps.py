@@ -428,11 +428,6 @@ def _source_json(e: Event) -> dict[str, Any] | None:
     return {"file": Path(e.source.file).name, "line": e.source.line, "text": e.source.text}
 
 
-def short_label(e: Event) -> str:
-    """One short line for the timeline (the detail panel shows the rest)."""
-    return describe.short(e)
-
-
 # ---- the whole trace ----------------------------------------------------------------------------
 
 
@@ -547,7 +542,7 @@ class Model:
             ids.append(e.id)
             kinds.append(KIND_CODES.get(e.kind, "?"))
             depth.append(d)
-            label.append(sid(short_label(e)))
+            label.append(sid(describe.short(e)))
             if e.source is not None:
                 source.append(sources.setdefault((e.source.line, e.source.text), len(sources)))
             else:
@@ -612,13 +607,14 @@ class Model:
             "step": k,
             "id": e.id,
             "kind": e.kind,
-            "label": short_label(e),
+            "label": describe.short(e),
             "line": describe.line(e),
             "source": _source_json(e),
             "module": e.module,
             "phase": e.phase,
             "context": [
-                {"id": a.id, "label": short_label(a), "step": self.step_of(a.id)} for a in self.ancestors(e)
+                {"id": a.id, "label": describe.short(a), "step": self.step_of(a.id)}
+                for a in self.ancestors(e)
             ],
             "notes": [],
         }

@@ -7,12 +7,7 @@ from typing import TYPE_CHECKING
 from .. import describe
 
 if TYPE_CHECKING:
-    from ..trace import Event, Trace
-
-
-def event_line(e: Event) -> str:
-    """One event, without nesting or source."""
-    return describe.line(e)
+    from ..trace import Trace
 
 
 def trace_text(trace: Trace) -> str:
@@ -28,7 +23,7 @@ def trace_text(trace: Trace) -> str:
             ctx.append(e.phase)
         where = f" [{' '.join(ctx)}]" if ctx else ""
         src = f"  <- {e.source.text}" if e.source is not None and e.source.text else ""
-        lines.append(f"{'  ' * d}#{e.id} {event_line(e)}{where}{src}")
+        lines.append(f"{'  ' * d}#{e.id} {describe.line(e)}{where}{src}")
     if trace.values_dropped_from is not None:
         lines.append(f"(values kept until the budget ran out at event #{trace.values_dropped_from})")
     lines.extend(f"note: {n}" for n in getattr(trace, "notes", ()))
