@@ -1,5 +1,5 @@
 """Hostile strings in the markup the views write, no browser: the notebook ``text/html`` outputs,
-the offline pages' embedded JSON and their Content-Security-Policy.
+the offline pages' embedded JSON and their Content-Security-Policy, and matplotlib's text.
 
 Expectations are the hostile strings themselves (they must come back character for character)
 and a policy written out by hand around hashes computed here with hashlib.
@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 
@@ -22,6 +23,9 @@ import shardviz as sv
 from shardviz.memory import MemoryTimeline
 from shardviz.pipeline import Arrow, Interval, Timeline
 from shardviz.views import markup
+from shardviz.views.mpl import plot_layout, to_png
+
+matplotlib.use("Agg")
 
 PWN = "window.__pwned=1"
 HOSTILE = [
@@ -192,3 +196,31 @@ def test_element_escapes_and_refuses_handlers():
         markup.element("g", {'a"b': "x"})
     with pytest.raises(ValueError, match="swallow"):
         markup.page("t", markup.Markup(""), modules=["let a = '<!--';"])
+
+
+# ---- matplotlib: "$" is a character, not mathtext -----------------------------------------------
+
+
+def test_dollar_signs_in_names_draw_as_written():
+    """matplotlib reads text between "$" as a formula: "$\\frac$" failed to draw (and with it the
+    PNG of every widget's notebook output), "$x$" drew an italic x. Names are drawn as written."""
+    names = ("$\\frac$", "$x$")
+    lay = sv.layout((4, 4), (2, 2), ["S(0)", "S(1)"], names)
+    fig = plot_layout(lay, title="cost $\\frac{a")
+    assert to_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+    with_dollar = [t for t in fig.findobj(matplotlib.text.Text) if "$" in t.get_text()]
+    assert all(not t.get_parse_math() for t in with_dollar)
+    drawn = " ".join(t.get_text() for t in with_dollar)
+    assert "cost $\\frac{a" in drawn and "$x$" in drawn and "$\\frac$" in drawn
+    data, _ = sv.show(lay, title="cost $\\frac{a")._repr_mimebundle_()
+    assert base64.b64decode(data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("kind", ["pipeline", "memory"])
+def test_dollar_signs_in_timeline_labels_draw_as_written(kind):
+    obj = timeline("$\\frac$") if kind == "pipeline" else memory("$\\frac$")
+    fig = sv.plot(obj, title="$\\frac{")
+    assert to_png(fig)[:8] == b"\x89PNG\r\n\x1a\n"
+    with_dollar = [t for t in fig.findobj(matplotlib.text.Text) if "$" in t.get_text()]
+    assert any(t.get_text().startswith("$\\frac{") for t in with_dollar)
+    assert all(not t.get_parse_math() for t in with_dollar)
