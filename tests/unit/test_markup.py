@@ -103,6 +103,12 @@ def test_characters_no_page_may_hold_become_a_replacement_character(tmp_path):
     svg = ET.fromstring(re.search(r"<svg.*</svg>", text, re.S).group(0))
     assert svg.find("{*}text").text == "a\ufffdb\ufffdc\ufffdd"
     assert svg.findall(".//{*}g[@data-src]")[0].get("data-phase") == "a\ufffdb\ufffdc\ufffdd"
+    # a widget page keeps the string as it is, in JSON escapes (the browser shows U+FFFD)
+    lay = sv.layout((4,), (2,), ["S(0)"], (odd,))
+    page = Page(sv.export_html(lay, tmp_path / "odd-layout.html", title=odd).read_text(encoding="utf-8"))
+    (data,) = [body for attrs, body in page.scripts if attrs.get("type") == "application/json"]
+    state = json.loads(data)["state"]
+    assert state["geometry"]["mesh_dim_names"] == [odd] and state["title"] == odd
 
 
 # ---- offline pages ----------------------------------------------------------------------------
