@@ -129,11 +129,13 @@ def plot(obj: Any, **options: Any) -> Figure:
 
 
 def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
-    """One self-contained HTML file of the layout view or the player that renders with no kernel
-    and no network.
+    """One self-contained HTML file of the view ``sv.show`` draws (a layout, the player, a model
+    map, a pipeline or memory timeline) that renders with no kernel and no network.
 
     Values are embedded up to ``values_budget`` bytes (default 16 MiB); past it the page keeps
     the geometry (the player: every step's shapes and flow) and says why values are missing.
+    Every name in the data shows as text, and the page's Content-Security-Policy runs only its
+    own script and loads nothing (views/markup.py), so a trace from a stranger is safe to open.
     """
     from .views.widgets import EXPORT_VALUES_BUDGET
 

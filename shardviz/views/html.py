@@ -3,25 +3,20 @@
 ipywidgets' embed loads require.js and the widget manager from public CDNs and shows nothing
 offline. Here the view's own ESM runs directly against a small stand-in model (static/standalone.js)
 over the embedded state; anywidget commands are answered from replies computed at export time. Any
-anywidget view can use it: the layout view now, the collective player later.
+anywidget view can use it: the layout view, the collective player and the model map do.
 """
 
 from __future__ import annotations
 
 import base64
-import html as _html
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-STATIC = Path(__file__).parent / "static"
+from . import markup
 
-# No request can leave the page: scripts only inline or from blob: URLs made by the page itself.
-_CSP = (
-    "default-src 'none'; script-src 'unsafe-inline' blob:; style-src 'unsafe-inline'; "
-    "img-src data: blob:; font-src data:"
-)
+STATIC = Path(__file__).parent / "static"
 
 Response = tuple[str, Mapping[str, Any], Any, Sequence[bytes]]
 
@@ -35,11 +30,6 @@ def _b64(data: bytes | bytearray | memoryview) -> str:
     return base64.b64encode(bytes(data)).decode("ascii")
 
 
-def _script_json(obj: Any) -> str:
-    # "</" would end the <script> element early; "<\/" is the same JSON string.
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
-
-
 def render(
     view_name: str,
     state: Mapping[str, Any],
@@ -50,7 +40,13 @@ def render(
     responses: Iterable[Response] = (),
     title: str = "shardviz",
 ) -> str:
-    """The HTML text of :func:`export`."""
+    """The HTML text of :func:`export`.
+
+    Everything the view shows travels as JSON in a data block (``markup.script_json``: no string
+    in it can end or swallow the element); the only script is standalone.js, which imports the
+    view's ESM from a blob: URL. The page's CSP allows exactly that script (by hash), blob:
+    modules and the view's CSS, and no network.
+    """
     payload = {
         "view": view_name,
         "state": dict(state),
@@ -60,19 +56,19 @@ def render(
         ],
         "esm": esm,
     }
-    host = (STATIC / "standalone.js").read_text(encoding="utf-8").replace("</", "<\\/")
-    css = css.replace("</", "<\\/")
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{_html.escape(title)}</title>\n"
-        f"<style>\nbody {{ margin: 12px; background: #fff; }}\n{css}\n</style>\n"
-        "</head>\n<body>\n"
-        f'<div id="shardviz-root" data-shardviz-export="{_html.escape(view_name, quote=True)}"></div>\n'
-        f'<script type="application/json" id="shardviz-data">{_script_json(payload)}</script>\n'
-        f'<script type="module">\n{host}\n</script>\n'
-        "</body>\n</html>\n"
+    host = (STATIC / "standalone.js").read_text(encoding="utf-8")
+    body = markup.join(
+        [
+            markup.element("div", {"id": "shardviz-root", "data-shardviz-export": view_name}),
+            markup.data_block("shardviz-data", payload),
+        ]
+    )
+    return markup.page(
+        title,
+        body,
+        styles=[f"body {{ margin: 12px; background: #fff; }}\n{css}"],
+        modules=[host],
+        blob_modules=True,
     )
 
 

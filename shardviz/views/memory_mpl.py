@@ -9,10 +9,12 @@ from ..memory import MemoryTimeline
 from ..model import short_bytes
 from .geometry import rank_list
 from .memory_svg import MAX_LINES, curves
+from .mpl import literal_text
 
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
 
 
+@literal_text
 def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
     fig = Figure(figsize=(8, 3.2))
     ax = fig.add_subplot(1, 1, 1)

@@ -7,13 +7,12 @@ is the offline HTML export as it is. Lines carry ``data-ranks`` and ``<title>`` 
 
 from __future__ import annotations
 
-from html import escape
-
 import numpy as np
 
 from ..memory import MemoryTimeline, event_label
 from ..model import short_bytes
 from .geometry import rank_list
+from .markup import Markup, element
 from .svg import SvgView
 
 WIDTH, HEIGHT = 640, 232
@@ -33,7 +32,7 @@ def curves(m: MemoryTimeline) -> list[tuple[list[int], np.ndarray]]:
     return out
 
 
-def memory_svg(m: MemoryTimeline, title: str | None = None) -> str:
+def memory_svg(m: MemoryTimeline, title: str | None = None) -> Markup:
     n = len(m.events)
     top = max(int(m.peak.max(initial=0)), 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -46,27 +45,43 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> str:
 
     head = title or f"Memory per rank: {m.world_size} ranks, peak {short_bytes(top)}"
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" data-shardviz-view="memory" width="{WIDTH}" '
-        f'height="{HEIGHT}" font-family="sans-serif" font-size="11" data-peak="{top}" data-samples="{n}">',
-        f'<text x="4" y="16" font-size="12">{escape(head)}</text>',
-        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ddd"/>',
+        element("text", {"x": 4, "y": 16, "font-size": 12}, head),
+        element(
+            "rect",
+            {"x": LEFT, "y": TOP, "width": plot_w, "height": plot_h, "fill": "#fafafa", "stroke": "#ddd"},
+        ),
     ]
     for frac in (0, 0.5, 1):
         yy = y(top * frac)
         out.append(
-            f'<text x="{LEFT - 4}" y="{yy + 4:.0f}" text-anchor="end">{short_bytes(int(top * frac))}</text>'
-            f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
+            element(
+                "text",
+                {"x": LEFT - 4, "y": f"{yy + 4:.0f}", "text-anchor": "end"},
+                short_bytes(int(top * frac)),
+            )
+        )
+        out.append(
+            element(
+                "line",
+                {"x1": LEFT, "x2": LEFT + plot_w, "y1": f"{yy:.1f}", "y2": f"{yy:.1f}", "stroke": "#eee"},
+            )
         )
     ticks = sorted({0, n // 2, n - 1}) if n else []
     for i in ticks:
         e = m.events[i]
         out.append(
-            f'<text x="{x(i):.0f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle">'
-            f"{'end' if e is None else f'#{e}'}</text>"
+            element(
+                "text",
+                {"x": f"{x(i):.0f}", "y": HEIGHT - BOTTOM + 14, "text-anchor": "middle"},
+                "end" if e is None else f"#{e}",
+            )
         )
     out.append(
-        f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 6}" text-anchor="middle" fill="#555">'
-        "event (sampled as each starts)</text>"
+        element(
+            "text",
+            {"x": f"{LEFT + plot_w / 2:.0f}", "y": HEIGHT - 6, "text-anchor": "middle", "fill": "#555"},
+            "event (sampled as each starts)",
+        )
     )
     shown = curves(m)
     for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
@@ -81,18 +96,35 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> str:
         at = m.peak_event[ranks[0]]
         px = x(m.events.index(at)) if at in m.events else LEFT
         out.append(
-            f'<g data-ranks="{rank_list(ranks)}" data-peak="{peak}"><title>{escape(tip)}</title>'
-            f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-            f'<circle cx="{px:.1f}" cy="{y(peak):.1f}" r="3" fill="{colour}"/></g>'
+            element(
+                "g",
+                {"data-ranks": rank_list(ranks), "data-peak": peak},
+                element("title", {}, tip),
+                element("polyline", {"points": pts, "fill": "none", "stroke": colour, "stroke-width": 1.5}),
+                element("circle", {"cx": f"{px:.1f}", "cy": f"{y(peak):.1f}", "r": 3, "fill": colour}),
+            )
         )
     legend = [f"{rank_list(r)}" for r, _ in shown[:MAX_LINES]]
     more = f" (+{len(shown) - MAX_LINES} more curves)" if len(shown) > MAX_LINES else ""
     out.append(
-        f'<text x="{LEFT}" y="{TOP - 6}" fill="#555">ranks: {escape(" | ".join(legend))}{more}; '
-        "dot: peak</text>"
+        element(
+            "text", {"x": LEFT, "y": TOP - 6, "fill": "#555"}, f"ranks: {' | '.join(legend)}{more}; dot: peak"
+        )
     )
-    out.append("</svg>")
-    return "".join(out)
+    return element(
+        "svg",
+        {
+            "xmlns": "http://www.w3.org/2000/svg",
+            "data-shardviz-view": "memory",
+            "width": WIDTH,
+            "height": HEIGHT,
+            "font-family": "sans-serif",
+            "font-size": 11,
+            "data-peak": top,
+            "data-samples": n,
+        },
+        *out,
+    )
 
 
 class MemoryView(SvgView):
@@ -109,5 +141,5 @@ class MemoryView(SvgView):
         super().__init__(timeline, title)
         self.timeline = timeline
 
-    def svg(self) -> str:
+    def svg(self) -> Markup:
         return memory_svg(self.timeline, self.title)

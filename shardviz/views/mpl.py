@@ -7,11 +7,13 @@ Deterministic: a fixed figure size, fixed axes positions, no dates. It builds a 
 
 from __future__ import annotations
 
+import functools
 import io
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec, TypeVar
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
@@ -27,6 +29,25 @@ _HATCH = {"solid": None, "diagonal": "///", "dots": "..", "cross": "++"}
 _VIRIDIS = ListedColormap(
     ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 ).resampled(256)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def literal_text(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Every text the figure gets while ``fn`` builds it is drawn as written.
+
+    matplotlib reads text between two "$" as mathtext: a module or mesh dim named "$x$" would draw
+    as an italic x, and one holding "$\\frac$" would fail to draw at all (and with it the PNG in a
+    widget's notebook output). Text objects keep the setting they were made with, so the figure
+    stays literal wherever it is drawn later."""
+
+    @functools.wraps(fn)
+    def build(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return fn(*args, **kwargs)
+
+    return build
 
 
 def _fill(
@@ -60,6 +81,7 @@ def _label_fits(text: str, w_pt: float, h_pt: float, size: float) -> bool:
     return size >= 5 and len(text) * size * 0.62 < w_pt - 2 and size * 1.2 < h_pt
 
 
+@literal_text
 def plot_layout(
     layout: Layout,
     values: Mapping[int, np.ndarray] | None = None,
@@ -430,6 +452,7 @@ _OP_COLORS = {
 }
 
 
+@literal_text
 def plot_message(head: str, body: str = "") -> Figure:
     """A figure that only says something (an empty trace, an event with nothing to draw)."""
     fig = Figure(figsize=(8.0, 2.4), dpi=100)
@@ -442,6 +465,7 @@ def plot_message(head: str, body: str = "") -> Figure:
     return fig
 
 
+@literal_text
 def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Figure:
     """One event before → after: each rank's buffers with arrows for what moves (a collective or
     local compute), or the layouts before and after with the plan (a redistribute)."""
@@ -712,6 +736,7 @@ def _plot_redistribute(event: Any, d: Mapping[str, Any], head: str, sub: str) ->
     return fig
 
 
+@literal_text
 def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Figure:
     """Where the communication time goes: each collective as a bar of its alpha-beta time on
     ``link``, one after another, one lane per mesh dim (cost.py's model)."""
@@ -802,6 +827,7 @@ def _model_stacks(m: Any, stack: str, most: int = 7) -> list[tuple[str, np.ndarr
     return out
 
 
+@literal_text
 def plot_model_map(m: Any, *, stack: str = "kind", title: str | None = None) -> Figure:
     """Bytes each rank holds, one bar per rank, stacked by kind (param, buffer, grad, optimizer
     state), by top-level module, by tensor (the largest few) or by the mesh dims that shard them."""

@@ -8,9 +8,8 @@ as ``data-*`` attributes, so a test (or a reader's browser) can find them.
 
 from __future__ import annotations
 
-from html import escape
-
 from ..pipeline import Timeline
+from .markup import Markup, element
 from .svg import SvgView
 
 STEP = 44  # pixels per step
@@ -21,7 +20,7 @@ TOP = 28  # room for the title
 _COLOURS = ("#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 
 
-def timeline_svg(tl: Timeline, title: str | None = None) -> str:
+def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
     """The timeline as one ``<svg>`` element."""
     width = LEFT + max(tl.makespan, 1) * STEP + 16
     height = TOP + len(tl.ranks) * LANE + 24
@@ -29,20 +28,23 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> str:
     head = title or (
         f"Pipeline timeline: {len(tl.ranks)} ranks, {_num(tl.makespan)} steps, bubble {tl.bubble:.1%}"
     )
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" data-shardviz-view="pipeline" width="{width:.0f}" '
-        f'height="{height:.0f}" font-family="sans-serif" font-size="11" '
-        f'data-bubble="{tl.bubble:.4f}" data-makespan="{_num(tl.makespan)}">',
-        f'<text x="4" y="16" font-size="12">{escape(head)}</text>',
-    ]
+    out = [element("text", {"x": 4, "y": 16, "font-size": 12}, head)]
     for r, k in lane_of.items():
         y = TOP + k * LANE
-        out.append(f'<g data-rank="{r}">')
-        out.append(f'<text x="4" y="{y + LANE / 2 + 4:.0f}">rank {r}</text>')
-        out.append(
-            f'<rect x="{LEFT}" y="{y + 2}" width="{tl.makespan * STEP:.0f}" height="{LANE - 4}" '
-            'fill="#f2f2f2" stroke="#ddd"/>'
-        )
+        lane = [
+            element("text", {"x": 4, "y": f"{y + LANE / 2 + 4:.0f}"}, f"rank {r}"),
+            element(
+                "rect",
+                {
+                    "x": LEFT,
+                    "y": y + 2,
+                    "width": f"{tl.makespan * STEP:.0f}",
+                    "height": LANE - 4,
+                    "fill": "#f2f2f2",
+                    "stroke": "#ddd",
+                },
+            ),
+        ]
         for i in tl.lane(r):
             mb = i.microbatch if i.microbatch is not None else 0
             colour = _COLOURS[mb % len(_COLOURS)]
@@ -51,17 +53,28 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> str:
             w = (i.end - i.start) * STEP
             steps = f"{_num(i.start)}-{_num(i.end)}"
             tip = f"rank {r}: {i.name}, stage {i.stage}, microbatch {i.microbatch}, steps {steps}"
-            dash = " stroke-dasharray='3,2'" if backward else ""
-            out.append(
-                f'<g data-action-label="{escape(i.label)}" data-microbatch="{mb}" data-phase="{i.name}">'
-                f"<title>{escape(tip)}</title>"
-                f'<rect x="{x + 1:.0f}" y="{y + 4}" width="{w - 2:.0f}" height="{LANE - 8}" rx="3" '
-                f'fill="{colour}" fill-opacity="{0.55 if backward else 1}" stroke="#333"'
-                f"{dash}/>"
-                f'<text x="{x + w / 2:.0f}" y="{y + LANE / 2 + 4:.0f}" text-anchor="middle">'
-                f"{escape(i.label)}</text></g>"
+            box = {
+                "x": f"{x + 1:.0f}",
+                "y": y + 4,
+                "width": f"{w - 2:.0f}",
+                "height": LANE - 8,
+                "rx": 3,
+                "fill": colour,
+                "fill-opacity": 0.55 if backward else 1,
+                "stroke": "#333",
+                "stroke-dasharray": "3,2" if backward else None,
+            }
+            label = {"x": f"{x + w / 2:.0f}", "y": f"{y + LANE / 2 + 4:.0f}", "text-anchor": "middle"}
+            lane.append(
+                element(
+                    "g",
+                    {"data-action-label": i.label, "data-microbatch": mb, "data-phase": i.name},
+                    element("title", {}, tip),
+                    element("rect", box),
+                    element("text", label, i.label),
+                )
             )
-        out.append("</g>")
+        out.append(element("g", {"data-rank": r}, *lane))
     for a in tl.arrows:
         if a.src not in lane_of or a.dst not in lane_of:
             continue
@@ -71,19 +84,46 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> str:
         colour = "#333" if a.phase == "forward" else ("#AA3377" if a.phase == "backward" else "#999")
         tip = f"{a.phase or 'message'} {a.src} -> {a.dst}, microbatch {a.microbatch}, step {_num(a.start)}"
         out.append(
-            f'<g data-src="{a.src}" data-dst="{a.dst}" data-phase="{a.phase or ""}">'
-            f"<title>{escape(tip)}</title>"
-            f'<line x1="{x1:.0f}" y1="{y1}" x2="{x2:.0f}" y2="{y2}" stroke="{colour}" stroke-width="1.2"/>'
-            f'<circle cx="{x2:.0f}" cy="{y2}" r="2.5" fill="{colour}"/></g>'
+            element(
+                "g",
+                {"data-src": a.src, "data-dst": a.dst, "data-phase": a.phase or ""},
+                element("title", {}, tip),
+                element(
+                    "line",
+                    {
+                        "x1": f"{x1:.0f}",
+                        "y1": y1,
+                        "x2": f"{x2:.0f}",
+                        "y2": y2,
+                        "stroke": colour,
+                        "stroke-width": 1.2,
+                    },
+                ),
+                element("circle", {"cx": f"{x2:.0f}", "cy": y2, "r": 2.5, "fill": colour}),
+            )
         )
-    legend_y = TOP + len(tl.ranks) * LANE + 16
     out.append(
-        f'<text x="{LEFT}" y="{legend_y}" fill="#555">F forward (solid), B backward (dashed); '
-        "one colour per microbatch; lines: activations (dark) and gradients (magenta); "
-        "grey: idle</text>"
+        element(
+            "text",
+            {"x": LEFT, "y": TOP + len(tl.ranks) * LANE + 16, "fill": "#555"},
+            "F forward (solid), B backward (dashed); one colour per microbatch; lines: activations "
+            "(dark) and gradients (magenta); grey: idle",
+        )
     )
-    out.append("</svg>")
-    return "".join(out)
+    return element(
+        "svg",
+        {
+            "xmlns": "http://www.w3.org/2000/svg",
+            "data-shardviz-view": "pipeline",
+            "width": f"{width:.0f}",
+            "height": f"{height:.0f}",
+            "font-family": "sans-serif",
+            "font-size": 11,
+            "data-bubble": f"{tl.bubble:.4f}",
+            "data-makespan": _num(tl.makespan),
+        },
+        *out,
+    )
 
 
 class TimelineView(SvgView):
@@ -99,7 +139,7 @@ class TimelineView(SvgView):
         super().__init__(timeline, title)
         self.timeline = timeline
 
-    def svg(self) -> str:
+    def svg(self) -> Markup:
         return timeline_svg(self.timeline, self.title)
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from html import escape
 from pathlib import Path
 from typing import Any
+
+from . import markup
 
 
 class SvgView:
     """A view drawn once as SVG markup: no kernel, widget runtime or script needed to show it.
 
-    Subclasses set ``page_title`` and ``svg()``; ``str(self.data)`` is the text form."""
+    Subclasses set ``page_title`` and ``svg()`` (built with ``markup.element``, so every string
+    from the data is escaped); ``str(self.data)`` is the text form."""
 
     page_title = "shardviz"
 
@@ -18,21 +20,19 @@ class SvgView:
         self.data = data
         self.title = title
 
-    def svg(self) -> str:
+    def svg(self) -> markup.Markup:
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return str(self.data)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, str]:
-        return {"text/plain": repr(self), "text/html": self.svg()}
+        return {"text/plain": repr(self), "text/html": str(self.svg())}
 
     def export_html(self, path: str | Path) -> Path:
-        """One self-contained HTML file: the SVG and the text, no script, no network."""
+        """One self-contained HTML file: the SVG and the text. It has no script, and its
+        Content-Security-Policy runs none and loads nothing."""
         path = Path(path)
-        path.write_text(
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(self.page_title)}</title>"
-            f"</head><body>{self.svg()}<pre>{escape(str(self.data))}</pre></body></html>",
-            encoding="utf-8",
-        )
+        body = markup.join([self.svg(), markup.element("pre", {}, str(self.data))])
+        path.write_text(markup.page(self.page_title, body), encoding="utf-8")
         return path

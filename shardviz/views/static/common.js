@@ -10,19 +10,31 @@ const MAX_BLOCKS = 40000; // beyond this, cuts are merged to whole pixels
 const VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
 const NAN_COLOR = "#bbbbbb";
 
+// Every element of every view is made by svg() or html(): names and text from a trace reach the
+// page only as attribute values (setAttribute) and text nodes (textContent), never as markup, so a
+// name like `x"><script>` shows as that text. No view writes innerHTML. Inline styles go through
+// the CSSOM (node.style), which an exported page's Content-Security-Policy allows while it
+// refuses style="..." attributes; event handlers are added with addEventListener, never as on*
+// attributes.
+function setAttrs(node, attrs) {
+  for (const [k, v] of Object.entries(attrs)) {
+    if (/^on/i.test(k)) throw new Error(`shardviz: refusing event handler attribute ${k}`);
+    if (k === "style") node.style.cssText = String(v);
+    else if (k === "class" && !(node instanceof SVGElement)) node.className = String(v);
+    else node.setAttribute(k, String(v));
+  }
+}
+
 function svg(tag, attrs = {}, parent = null) {
   const node = document.createElementNS(SVGNS, tag);
-  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  setAttrs(node, attrs);
   if (parent) parent.appendChild(node);
   return node;
 }
 
 function html(tag, attrs = {}, parent = null, text = null) {
   const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") node.className = v;
-    else node.setAttribute(k, String(v));
-  }
+  setAttrs(node, attrs);
   if (text !== null) node.textContent = text;
   if (parent) parent.appendChild(node);
   return node;
