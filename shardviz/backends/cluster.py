@@ -40,6 +40,7 @@ from ..errors import BackendError, ShardvizError
 from ..trace import DEFAULT_VALUE_BUDGET, Trace
 from . import rank as _rank
 from .base import check_world_size, draw, rank_tensor, refuse_record, refuse_simulation_options
+from .watchdog import Watchdog
 
 _LOG = logging.getLogger("shardviz.cluster")
 _LOG.setLevel(logging.ERROR)  # ipyparallel logs engine output at WARNING when engines stop
@@ -131,10 +132,11 @@ class Progress:
 class LocalCluster:
     """An ipyparallel controller and engines that shardviz started, so may stop (by PID)."""
 
-    def __init__(self, cluster: Any, client: Any, profile_dir: str) -> None:
+    def __init__(self, cluster: Any, client: Any, profile_dir: str, watchdog: Watchdog | None = None) -> None:
         self.cluster = cluster
         self.client = client
         self.profile_dir = profile_dir
+        self.watchdog = watchdog
 
     @classmethod
     def start(
@@ -146,15 +148,21 @@ class LocalCluster:
         progress: Callable[[str], None] = lambda text: None,
         engine_timeout: float = ENGINE_TIMEOUT,
     ) -> LocalCluster:
-        """Start a controller on 127.0.0.1 and ``n`` engines, and wait until they registered."""
+        """Start a controller on 127.0.0.1 and ``n`` engines, and wait until they registered.
+
+        A watchdog process, started first, ends them and removes the profile folder if this
+        process dies without stopping them (even by SIGKILL, even half-way through starting)."""
         import ipyparallel as ipp
 
         profile_dir = tempfile.mkdtemp(prefix="shardviz-ipp-")
         atexit.register(shutil.rmtree, profile_dir, True)  # ipyparallel stops the processes at exit
+        cluster_id = f"shardviz-{os.getpid()}-{os.urandom(3).hex()}"
+        watchdog = Watchdog.start(cluster_id, profile_dir)
         kwargs: dict[str, Any] = {
             "n": n,
             "profile_dir": profile_dir,
-            "cluster_id": f"shardviz-{os.getpid()}-{os.urandom(3).hex()}",
+            "cluster_id": cluster_id,
+            "controller_ip": "127.0.0.1",  # the controller's ports: this machine only
             "log": _LOG,
             "load_profile": False,
             "parent": None,
@@ -162,21 +170,17 @@ class LocalCluster:
         if launcher:
             kwargs["engines"] = launcher
         cluster = ipp.Cluster(**kwargs)
-        self = None
+        self = cls(cluster, None, profile_dir, watchdog)
         try:
             progress(f"starting {n} engines: controller")
             cluster.start_controller_sync()
+            watchdog.watch([p for p in [self.controller_pid()] if p])
             cluster.start_engines_sync(n, environment=dict(env or engine_env(n)))
-            client = cluster.connect_client_sync()
-            self = cls(cluster, client, profile_dir)
+            watchdog.watch(self.engine_pids())
+            self.client = cluster.connect_client_sync()
             self.wait_for_engines(n, progress, engine_timeout)
         except BaseException:
-            if self is not None:
-                self.stop()
-            else:
-                with contextlib.suppress(Exception):
-                    cluster.stop_cluster_sync()
-                shutil.rmtree(profile_dir, ignore_errors=True)
+            self.stop()
             raise
         return self
 
@@ -226,6 +230,8 @@ class LocalCluster:
     def add_engines(self, k: int, n_total: int) -> None:
         """Start ``k`` more engines (replacing dead ones) and wait until ``n_total`` are registered."""
         self.cluster.start_engines_sync(k, environment=dict(engine_env(n_total)))
+        if self.watchdog is not None:
+            self.watchdog.watch(self.engine_pids())
 
     def kill(self, pids: Sequence[int]) -> None:
         """SIGKILL engines of this cluster by PID (ranks stuck where no signal reaches them)."""
@@ -239,12 +245,16 @@ class LocalCluster:
         """Stop the engines and the controller (TERM, then KILL, by PID) and remove the profile."""
         pids = self.engine_pids()
         ctl = self.controller_pid()
-        with contextlib.suppress(Exception):
-            self.client.close()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
         with contextlib.suppress(Exception):
             self.cluster.stop_cluster_sync()
         _reap([*pids, *([ctl] if ctl else [])])
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+        if self.watchdog is not None:  # it ends whatever is left, by the cluster's id, and exits
+            self.watchdog.close()
+            self.watchdog = None
 
 
 def _reap(pids: Sequence[int], wait: float = 5.0) -> None:
