@@ -1105,9 +1105,15 @@ class ClusterBackend:
 
     def _report_spinning(self, runs: Sequence[RankRun], warned: set[tuple[int, int]]) -> None:
         """A SpinningRankWarning for ranks newly past the spin limit: who, for how long, their stack,
-        where the others are. The ranks keep running (they may just be slow) unless on_spin says."""
-        new = [r for r in runs if r.spin and (r.rank, int(r.spin["n"])) not in warned]
-        if not new or self.on_spin == "interrupt":  # those ranks stop themselves and say so
+        where the others are. The ranks keep running (they may just be slow) unless on_spin says:
+        a rank that on_spin='interrupt' has just stopped reports the error instead, and one it could
+        not stop (its code catches KeyboardInterrupt) is reported here."""
+        new = [
+            r
+            for r in runs
+            if r.spin and not r.spin.get("interrupted") and (r.rank, int(r.spin["n"])) not in warned
+        ]
+        if not new:
             return
         for r in new:
             warned.add((r.rank, int(r.spin["n"])))  # type: ignore[index]
@@ -1119,11 +1125,17 @@ class ClusterBackend:
         waiting = [r for r in runs if not r.finished and not running_python(r)]
         if waiting:
             lines += _where_lines({r.rank: where_text(r) for r in runs})
-        lines.append(
-            "It may just be slow: shardviz keeps waiting. Interrupt the kernel (Ctrl-C, or the stop "
-            "button) to stop every rank; sv.use(..., on_spin='interrupt') stops such ranks by itself, "
-            "spin_limit= sets the time."
-        )
+        if self.on_spin == "interrupt":
+            lines.append(
+                "on_spin='interrupt' could not stop it: its code caught the KeyboardInterrupt, or runs "
+                "outside the rank's main thread. Interrupt the kernel (Ctrl-C) or run sv.restart()."
+            )
+        else:
+            lines.append(
+                "It may just be slow: shardviz keeps waiting. Interrupt the kernel (Ctrl-C, or the stop "
+                "button) to stop every rank; sv.use(..., on_spin='interrupt') stops such ranks by itself, "
+                "spin_limit= sets the time."
+            )
         first = (new[0].spin or {}).get("stack") or [{}]
         warnings.warn_explicit(
             "\n".join(lines),

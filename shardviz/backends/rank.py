@@ -369,7 +369,8 @@ class SpinWatch:
         self.publish = publish
         self.ident = threading.get_ident()
         self.report: dict[str, Any] | None = None  # the latest, for the result
-        self.interrupted: dict[str, Any] | None = None
+        self.interrupted: dict[str, Any] | None = None  # the report it stopped the thread with
+        self.tried = False
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
@@ -411,9 +412,11 @@ class SpinWatch:
             with self.lock:
                 if self.stopped.is_set():
                     return
-                if self.interrupt and self.interrupted is None:
+                if self.interrupt and not self.tried:
+                    self.tried = True
                     report["interrupted"] = interrupt_thread(self.ident)
-                    self.interrupted = report
+                    if report["interrupted"]:
+                        self.interrupted = report
                 self.report = report
             last_sent = time.monotonic()
             if self.publish is not None:

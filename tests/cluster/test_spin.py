@@ -91,6 +91,38 @@ def test_ranks_stopped_outside_any_collective_leave_the_process_group_usable(ip,
     assert out.tolist() == [2.0, 2.0]
 
 
+def test_a_rank_that_catches_the_interrupt_is_reported_as_still_running(ip, gloo):
+    ip.run_cell(SETUP)
+    gloo(2, timeout=10, spin_limit=SPIN, on_spin="interrupt")
+    cell = (
+        "import time\nif dist.get_rank() == 1:\n    try:\n        while True:\n            pass\n"
+        "    except KeyboardInterrupt:\n        t1 = time.time()\n        while time.time() - t1 < 2.5:\n"
+        "            pass\ndist.get_rank()"
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out, _ = spmd(ip, cell)
+    assert out == {0: 0, 1: 1}  # the cell went on as written: it caught the interrupt
+    texts = [str(w.message) for w in seen if issubclass(w.category, SpinningRankWarning)]
+    assert len(texts) == 1, texts
+    assert (
+        texts[0].startswith("rank 1 has run Python for ") and "at line 8: while time.time() - t1" in texts[0]
+    )
+    assert "on_spin='interrupt' could not stop it" in texts[0]
+
+
+def test_the_warning_made_an_error_stops_the_ranks(ip, gloo):
+    ip.run_cell(SETUP)
+    gloo(2, timeout=TIMEOUT, spin_limit=SPIN)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpinningRankWarning)
+        with pytest.raises(SpinningRankWarning, match="has run Python for") as info:
+            spmd(ip, "while True:\n    pass")
+    assert info.value.elapsed < TIMEOUT
+    out, _ = spmd(ip, ALL_REDUCE)  # both ranks were stopped outside any collective: no restart
+    assert out.tolist() == [2.0, 2.0]
+
+
 def test_a_rank_spinning_past_the_timeout_is_said_to_run_python(ip, gloo):
     """Rank 0 times out in all_reduce while rank 1 spins. The error says rank 1 is running Python
     (where), not inside a collective, and sv.restart() interrupts it instead of waiting it out."""
@@ -142,8 +174,8 @@ def test_ctrl_c_says_which_rank_was_in_a_collective_and_which_ran_python(ip, glo
 # --- the pieces, in this process ----------------------------------------------------------------
 
 
-def _spin_in_helper(stop: threading.Event) -> None:
-    while not stop.is_set():
+def _spin_in_helper(stop: list[bool]) -> None:
+    while not stop:  # no call inside: the innermost frame is this one
         pass
 
 
@@ -151,7 +183,7 @@ def test_the_watch_reports_the_stack_of_the_thread_it_watches():
     """The watch runs beside the code; its report names the function the thread is in and the
     line, and stops when the code reaches a collective."""
     reports: list[dict] = []
-    stop = threading.Event()
+    stop: list[bool] = []
     flight = rank_module.Flight(None)
     ready = threading.Event()
     holder: dict = {}
@@ -166,7 +198,7 @@ def test_the_watch_reports_the_stack_of_the_thread_it_watches():
     t.start()
     ready.wait(5)
     time.sleep(1.0)
-    stop.set()
+    stop.append(True)
     t.join(5)
     assert reports, "no report after 1 s past a 0.3 s limit"
     report = reports[0][rank_module.SPIN_KEY]
@@ -174,7 +206,7 @@ def test_the_watch_reports_the_stack_of_the_thread_it_watches():
     assert [f["name"] for f in report["stack"]][-2:] == ["body", "_spin_in_helper"]
     assert (
         report["where"].startswith("line ")
-        and "in _spin_in_helper (test_spin.py): while not stop" in (report["where"])
+        and "in _spin_in_helper (test_spin.py): while not stop:" in (report["where"])
     )
 
 
