@@ -1,7 +1,8 @@
 """Real process groups from the notebook: gloo or NCCL ranks on ipyparallel engines.
 
 One engine per rank. ``sv.use("gloo", world_size=4)`` starts a local cluster (controller and engines
-on 127.0.0.1) and owns it: switching backend stops those engines, by PID. With ``profile=``,
+on 127.0.0.1) and owns it: switching backend stops those engines, by PID, and a watchdog process
+stops them if the kernel dies first (``watchdog.py``). With ``profile=``,
 ``profile_dir=`` or ``cluster_id=`` it attaches to a cluster started elsewhere (``ipcluster start``
 with the MPI, Slurm or SSH launchers, on several machines) and leaves its engines running.
 
@@ -14,6 +15,9 @@ While ranks run, the client watches them: a rank that raised, died, or finished 
 collective another rank is waiting in becomes one error naming the ranks, as soon as it is certain,
 instead of a hang until the process-group timeout. Ranks publish which collective they are entering
 *before* entering it (a rank blocked inside gloo cannot answer), so the error says where each was.
+A rank running Python past ``spin_limit`` without reaching a collective sends its stack: the
+notebook warns (``SpinningRankWarning``) and keeps waiting, or, with ``on_spin="interrupt"``, the
+rank stops itself with KeyboardInterrupt.
 """
 
 from __future__ import annotations
