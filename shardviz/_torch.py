@@ -917,7 +917,7 @@ def _following_premul(name: str, original: Any) -> Any:
 
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        op = kwargs.get("op", args[position] if len(args) > position else None)
+        op: Any = kwargs.get("op", args[position] if len(args) > position else None)
         if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
             return original(*args, **kwargs)
         _premul_factors.append(op.factor)
