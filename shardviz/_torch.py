@@ -1054,19 +1054,21 @@ def _compare_per_rank(name: str, original: Any) -> Any:
 
 @contextlib.contextmanager
 def per_rank_values() -> Iterator[None]:
-    """While the simulation runs: ``dist.get_rank(group)`` (torch 2.13) and ``ProcessGroup.rank()``
-    give code outside torch each rank's own value, and comparisons of per-rank ints that the ranks
-    disagree on raise (see above). Put back when it ends."""
+    """While the simulation runs (entered inside its LocalTensorMode): ``dist.get_rank(group)`` and
+    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons of
+    per-rank ints that the ranks disagree on raise (see above). Put back when it ends."""
     c10d = dist.distributed_c10d
     saved: list[tuple[Any, str, Any]] = [(dist.ProcessGroup, "rank", dist.ProcessGroup.__dict__["rank"])]
     patched: list[tuple[Any, str, Any]] = [
         (dist.ProcessGroup, "rank", _rank_per_rank(dist.ProcessGroup.rank))
     ]
-    if not GET_RANK_PER_RANK:
-        wrapped = _rank_per_rank(dist.get_rank)
-        for owner in (dist, c10d):
-            saved.append((owner, "get_rank", owner.get_rank))
-            patched.append((owner, "get_rank", wrapped))
+    # On every torch: 2.14's own per-rank get_rank(group) maps a strided group's ranks wrongly (the
+    # dp group [1, 5] of a (2, 4) mesh gives rank 1 the dp rank 1). Entered inside the mode, so
+    # that torch's own callers keep whatever the mode put in place.
+    wrapped = _rank_per_rank(dist.get_rank)
+    for owner in (dist, c10d):
+        saved.append((owner, "get_rank", owner.get_rank))
+        patched.append((owner, "get_rank", wrapped))
     for name in _COMPARISONS:
         original = LocalIntNode.__dict__[name]
         saved.append((LocalIntNode, name, original))

@@ -80,9 +80,9 @@ class LocalBackend:
         with (
             _torch.tracking_meshes(),
             _torch.fsdp_in_simulation(),
-            _torch.per_rank_values(),
             _torch.premul_sum_factors(),
             mode,
+            _torch.per_rank_values(),  # inside the mode: on top of what it patches
         ):
             yield mode
 
