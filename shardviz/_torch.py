@@ -1481,3 +1481,36 @@ def pipeline_stage_hooks(group_rank: Any, on_compute: Any, on_ops: Any) -> Itera
     finally:
         for name, orig in originals.items():
             setattr(_PipelineStageBase, name, orig)
+
+
+# --- one thread per rank (sv.use("threads")): a c10d world per thread ------------------------
+# torch.distributed keeps its state (the default group, group names and ranks) in one module-level
+# ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
+# threaded test process group makes both per-thread; shardviz's rank threads use the same two
+# switches (torch's ThreadLocalWorld follows ``_World``'s fields from release to release).
+
+
+@contextlib.contextmanager
+def thread_local_c10d() -> Iterator[None]:
+    """While it lasts, each thread has its own torch.distributed state: a rank thread's default
+    process group, its meshes' groups and their names are its own, kept from one entry to the
+    next (they live in the thread). The notebook's own state is put back after."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    c10d = dist.distributed_c10d
+    saved = c10d._world
+    c10d._world = ThreadLocalWorld()
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    try:
+        yield
+    finally:
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        c10d._world = saved
+
+
+def callback_work(wait: Callable[..., bool]) -> Any:
+    """A c10d Work, boxed as c10d ops return it, whose ``wait()`` calls ``wait(timeout)``: a
+    receive that blocks only when its result is asked for (``irecv``, ``batch_isend_irecv``)."""
+    from torch._C._distributed_c10d import PythonCallbackWork
+
+    return dist.distributed_c10d.Work.boxed(PythonCallbackWork(wait))
