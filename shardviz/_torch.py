@@ -1498,13 +1498,14 @@ def thread_local_c10d() -> Iterator[None]:
     from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
 
     c10d = dist.distributed_c10d
+    isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
     saved = c10d._world
-    c10d._world = ThreadLocalWorld()
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    c10d._world = ThreadLocalWorld()  # type: ignore[assignment]
+    isolate(True)
     try:
         yield
     finally:
-        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        isolate(False)
         c10d._world = saved
 
 
@@ -1514,3 +1515,24 @@ def callback_work(wait: Callable[..., bool]) -> Any:
     from torch._C._distributed_c10d import PythonCallbackWork
 
     return dist.distributed_c10d.Work.boxed(PythonCallbackWork(wait))
+
+
+def process_state() -> tuple[Any, ...]:
+    """What of torch's process-wide state a rank changes for itself: the CPU generator, the
+    default dtype, and DTensor's custom op handlers (``loss_parallel()`` adds its own while its
+    block lasts). Each rank thread has its own, swapped in when it runs, as if it were a process."""
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers))
+
+
+def restore_process_state(state: tuple[Any, ...]) -> None:
+    rng, dtype, handlers, contents = state
+    torch.set_rng_state(rng)
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+    dispatcher = DTensor._op_dispatcher
+    if dispatcher._custom_op_handlers is not handlers:
+        dispatcher._custom_op_handlers = handlers
+    if handlers != contents:
+        handlers.clear()
+        handlers.update(contents)

@@ -147,14 +147,22 @@ class _Walk:
 
     def _step_from(self, r: int, heads: list[int]) -> list[int]:
         want = self._same_step(r)
-        members = [q for q in heads if self._same_step(q) == want]
         if self.link(r).kind != "meeting":
-            return sorted(members)
-        # A meeting is taken whole: each member's partners must be at the same meeting now.
-        at = {q: self.link(q).id for q in members}
-        groups = {q: self._group(q) for q in members}
-        keep = [q for q in members if all(at.get(p) == at[q] for p in groups[q])]
-        return sorted(keep) if r in keep else []
+            return sorted(q for q in heads if self._same_step(q) == want)
+        # A collective is taken with its whole meeting (whatever line each member called it
+        # from), and with the other groups' meetings of the same step, each whole too.
+        at = {q: self.link(q).id for q in heads if self.link(q).kind == "meeting"}
+
+        def whole(q: int) -> bool:
+            return all(at.get(p) == at[q] for p in self._group(q))
+
+        if not whole(r):
+            return []
+        step: set[int] = set()
+        for q in at:
+            if at[q] == at[r] or (self._same_step(q) == want and whole(q)):
+                step.update(self._group(q))
+        return sorted(step)
 
     def _group(self, r: int) -> tuple[int, ...]:
         e = self.events[r][self.pos[r]]
@@ -183,7 +191,9 @@ def _p2p(
     msgs = [messages[m] for m in ids if m is not None and m in messages]
     pairs = tuple((m.src, m.dst) for m in msgs)
     process_groups = tuple(m.group for m in msgs)
-    dim, name = _mesh.find_dim(process_groups, candidates, first.mesh_dim_name) if process_groups else (None, None)
+    dim, name = (
+        _mesh.find_dim(process_groups, candidates, first.mesh_dim_name) if process_groups else (None, None)
+    )
     params: dict[str, Any] = {
         "tag": msgs[0].tag if msgs else 0,
         "process_group": [list(g) for g in process_groups],
@@ -231,6 +241,11 @@ def _sent_snapshots(traces: Mapping[int, Trace], links: Mapping[int, Sequence[Li
     out: dict[int, Any] = {}
     for r, t in traces.items():
         for e, link in zip(t.events, links[r], strict=True):
-            if link.kind == "send" and link.id is not None and isinstance(e, CollectiveEvent) and r in e.inputs:
+            if (
+                link.kind == "send"
+                and link.id is not None
+                and isinstance(e, CollectiveEvent)
+                and r in e.inputs
+            ):
                 out[link.id] = e.inputs[r]
     return out

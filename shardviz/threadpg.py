@@ -209,7 +209,7 @@ def _all_reduce(calls: list[Call]) -> list[Any]:
     op = calls[0].reduce()
     ins = [_inputs(c) for c in calls]
     reds = [_reduce(op, [x[i] for x in ins]) for i in range(len(ins[0]))]
-    out = []
+    out: list[Any] = []
     for c, mine in zip(calls, ins, strict=True):
         impl = c.impl
         if impl.startswith("c10d."):
@@ -219,7 +219,7 @@ def _all_reduce(calls: list[Call]) -> list[Any]:
         elif impl.endswith("_"):  # the functional in-place variants
             for t, r in zip(mine, reds, strict=True):
                 t.copy_(r)
-            out.append(c.bound[c.spec.inputs])
+            out.append(c.bound[str(c.spec.inputs)])
         else:
             fresh = [torch.empty_like(r, memory_format=torch.contiguous_format).copy_(r) for r in reds]
             out.append(fresh if "coalesced" in impl else fresh[0])
@@ -229,8 +229,11 @@ def _all_reduce(calls: list[Call]) -> list[Any]:
 def _all_gather(calls: list[Call]) -> list[Any]:
     ins = [_inputs(c) for c in calls]
     n = len(ins[0])
-    cats = [torch.cat([x[i] for x in ins]) if ins[0][i].dim() else torch.stack([x[i] for x in ins]) for i in range(n)]
-    out = []
+    cats = [
+        torch.cat([x[i] for x in ins]) if ins[0][i].dim() else torch.stack([x[i] for x in ins])
+        for i in range(n)
+    ]
+    out: list[Any] = []
     for c in calls:
         impl, b = c.impl, c.bound
         if impl == "c10d.allgather_":
@@ -270,7 +273,7 @@ def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
 def _reduce_scatter(calls: list[Call]) -> list[Any]:
     n = len(calls)
     op = calls[0].reduce()
-    out = []
+    out: list[Any] = []
     if calls[0].impl == "c10d.reduce_scatter_":
         lists = [c.bound["input_tensors"][0] for c in calls]
         for j, c in enumerate(calls):
@@ -302,7 +305,7 @@ def _reduce_scatter(calls: list[Call]) -> list[Any]:
 def _broadcast(calls: list[Call]) -> list[Any]:
     root = calls[0].root() or 0
     src = [t.clone() for t in _inputs(calls[root])]
-    out = []
+    out: list[Any] = []
     for c in calls:
         mine = _inputs(c)
         if c.impl == "_c10d_functional.broadcast":
@@ -371,7 +374,7 @@ def _all_to_all(calls: list[Call]) -> list[Any]:
         else:
             inp = b["input"]
             sent.append(_splits(inp, b.get("input_split_sizes"), n))
-    out = []
+    out: list[Any] = []
     for j, c in enumerate(calls):
         b = c.bound
         got = [sent[i][j] for i in range(n)]
@@ -462,15 +465,21 @@ class RankThreads:
         self.cond = threading.Condition()
         self._inbox: list[queue.SimpleQueue[_Job | None]] = [queue.SimpleQueue() for _ in range(world_size)]
         self._clock = itertools.count()
-        self._rng: dict[int, torch.Tensor] = {}
+        self._state: dict[int, tuple[Any, ...]] = {}  # each rank's process-wide torch state
         self._env = {
-            r: {"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
+            r: {
+                "RANK": str(r),
+                "LOCAL_RANK": str(r),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+            }
             for r in range(world_size)
         }
         self._reset(None)
-        start = torch.get_rng_state()  # every rank starts from the same state, as processes would
+        start = _torch.process_state()  # every rank starts from the same state, as processes would
         for r in range(world_size):
-            self._rng[r] = start.clone()
+            rng, dtype, handlers, contents = start
+            self._state[r] = (rng.clone(), dtype, handlers, dict(contents))
         self._threads = [
             threading.Thread(target=self._main, args=(r,), name=f"shardviz-rank-{r}", daemon=True)
             for r in range(world_size)
@@ -567,12 +576,13 @@ class RankThreads:
         self.error, self.error_rank = error, rank
 
     def _switch_in(self, rank: int) -> None:
-        """This rank takes the baton: its generator state and environment come back."""
-        torch.set_rng_state(self._rng[rank])
+        """This rank takes the baton: its torch state (generator, default dtype, DTensor's op
+        handlers) and its ``RANK``/``WORLD_SIZE`` environment come back."""
+        _torch.restore_process_state(self._state[rank])
         os.environ.update(self._env[rank])
 
     def _switch_out(self, rank: int) -> None:
-        self._rng[rank] = torch.get_rng_state()
+        self._state[rank] = _torch.process_state()
 
     def _next(self, rank: int) -> int | None:
         """The rank to run after ``rank`` stops: round robin, one not finished and not waiting for
@@ -667,7 +677,7 @@ class RankThreads:
                 "code already runs on every rank; call the function directly"
             )
         job = _Job(fn)
-        main_rng = torch.get_rng_state()
+        main_state = _torch.process_state()
         saved_env = {k: os.environ.get(k) for k in self._env[0]}
         with self.cond:
             self._reset(job)
@@ -677,7 +687,7 @@ class RankThreads:
                     box.put(job)
                 self._wait_all()
         finally:
-            torch.set_rng_state(main_rng)
+            _torch.restore_process_state(main_state)
             for k, v in saved_env.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -783,7 +793,9 @@ class RankThreads:
         )
         return "\n".join(lines)
 
-    def send(self, rank: int, tensor: torch.Tensor, group: tuple[int, ...], group_key: str, dst: int, tag: int) -> Message:
+    def send(
+        self, rank: int, tensor: torch.Tensor, group: tuple[int, ...], group_key: str, dst: int, tag: int
+    ) -> Message:
         with _torch.no_dispatch(), torch.no_grad():
             value = tensor.detach().clone()
         msg = Message(next(self.message_ids), rank, dst, tag, group, group_key, value, self.tick())
@@ -791,11 +803,22 @@ class RankThreads:
         self.messages.append(msg)
         return msg
 
-    def recv(self, rank: int, buf: torch.Tensor, group: tuple[int, ...], group_key: str, src: int, tag: int, frame: Any) -> Message:
+    def recv(
+        self,
+        rank: int,
+        buf: torch.Tensor,
+        group: tuple[int, ...],
+        group_key: str,
+        src: int,
+        tag: int,
+        frame: Any,
+    ) -> Message:
         q = self.queues.setdefault((group_key, src, rank, tag), [])
 
         def what() -> str:
-            return f"in recv from rank {src} (tag {tag}, group {list(group)}){_where(frame)}; nothing was sent"
+            return (
+                f"in recv from rank {src} (tag {tag}, group {list(group)}){_where(frame)}; nothing was sent"
+            )
 
         self.block(rank, lambda: bool(q), what)
         msg = q.pop(0)

@@ -60,6 +60,7 @@ class ThreadsBackend:
         self.known_meshes: list[dict[str, Any]] = []
         self._shows: dict[int, dict[int, Any]] = {}  # show id -> rank -> payload, during a run
         self._show_counts: dict[int, int] = {}
+        self._widgets: dict[int, Any] = {}  # show id -> the drawn view, after a run
 
     def key(self) -> tuple[Any, ...]:
         return (NAME, self.world_size)
@@ -122,7 +123,8 @@ class ThreadsBackend:
 
         values_by_rank, trace = self._run(body, values)
         trace.results = {
-            r: _swap_markers(split_per_rank(v, [r])[r], self._widgets) for r, v in sorted(values_by_rank.items())
+            r: _swap_markers(split_per_rank(v, [r])[r], self._widgets)
+            for r, v in sorted(values_by_rank.items())
         }
         return trace
 
@@ -177,7 +179,9 @@ class ThreadsBackend:
         from ..record import _set_last
 
         ValueBudget(values)
-        share = values // self.world_size if isinstance(values, int) and not isinstance(values, bool) else values
+        share = (
+            values // self.world_size if isinstance(values, int) and not isinstance(values, bool) else values
+        )
         recorders: dict[int, _RankRecorder] = {}
         self._shows, self._show_counts, self._widgets = {}, {}, {}
 
@@ -219,7 +223,11 @@ class ThreadsBackend:
         known = list(self.known_meshes)
         for rec in recorders.values():
             for shape, names, ranks in getattr(rec, "mesh_infos", ()):
-                m = {"mesh_shape": list(shape), "mesh_dim_names": list(names) if names else None, "ranks": list(ranks)}
+                m = {
+                    "mesh_shape": list(shape),
+                    "mesh_dim_names": list(names) if names else None,
+                    "ranks": list(ranks),
+                }
                 if m not in known:
                     known.append(m)
         p2p = any(link.kind in ("send", "recv") for ls in links.values() for link in ls)
@@ -244,12 +252,14 @@ class ThreadsBackend:
         return trace
 
     def _interleaved(
-        self, traces: dict[int, Trace], links: dict[int, list[Link]], values: str | int, known: list[dict[str, Any]]
+        self,
+        traces: dict[int, Trace],
+        links: dict[int, list[Link]],
+        values: str | int,
+        known: list[dict[str, Any]],
     ) -> Trace:
         messages = {m.id: Message(m.src, m.dst, m.tag, m.group) for m in self.pool.messages}
         return interleave(traces, links, messages, NAME, values, known)
-
-    _widgets: dict[int, Any] = {}
 
 
 # --- recording a rank ----------------------------------------------------------------------------
@@ -261,7 +271,9 @@ class _RankRecorder(Recorder):
     each event with the run's clock, notes which meeting or message each collective was, and
     records a receive when its data arrives (``irecv(...).wait()``), not when it is posted."""
 
-    def __init__(self, trace: Trace, world_size: int, values: str | int, rank: int, pool: threadpg.RankThreads) -> None:
+    def __init__(
+        self, trace: Trace, world_size: int, values: str | int, rank: int, pool: threadpg.RankThreads
+    ) -> None:
         super().__init__(trace, world_size, values, rank=rank)
         self.pool = pool
         self.ident = threading.get_ident()
@@ -321,6 +333,7 @@ class _RankRecorder(Recorder):
         bound = dict(zip(names, args, strict=False))
         bound.update(kwargs)
         eid = self._reserve()
+        parent: int | None
         if self._stack:
             top = self._stack[-1]
             parent, source, module, phase = top.id, top.source, top.module, top.phase
@@ -385,7 +398,7 @@ class _RankRecorder(Recorder):
 # --- each rank's names -----------------------------------------------------------------------------
 
 
-class _RankNamespace(dict):  # type: ignore[type-arg]
+class _RankNamespace(dict[str, Any]):
     """A rank's names in ``%%spmd`` cells: its own, then the notebook's, each copied for the rank on
     first use (a name missing here is looked up through ``__missing__``: Python does that for
     globals that are not a plain dict). A copy is made again when the notebook rebinds the name."""
@@ -460,7 +473,7 @@ class _Borrower:
         return ns
 
     def function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return self.value(fn)  # type: ignore[no-any-return]
+        return self.value(fn)
 
     def value(self, v: Any) -> Any:
         if isinstance(v, _SHARED):
@@ -503,7 +516,9 @@ class _Borrower:
         """``f`` reading its globals through the rank's namespace, with its own closure and defaults."""
         closure = None
         if f.__closure__ is not None:
-            closure = tuple(types.CellType(self.value(c.cell_contents)) if _filled(c) else c for c in f.__closure__)
+            closure = tuple(
+                types.CellType(self.value(c.cell_contents)) if _filled(c) else c for c in f.__closure__
+            )
         new = types.FunctionType(f.__code__, self.ns, f.__name__, self.value(f.__defaults__), closure)
         self.memo[id(f)] = new
         new.__kwdefaults__ = self.value(f.__kwdefaults__)
@@ -533,8 +548,8 @@ class _RankStreams:
 
     def __enter__(self) -> _RankStreams:
         self.saved = (sys.stdout, sys.stderr)
-        sys.stdout = _RankStream(self, "stdout", sys.stdout)  # type: ignore[assignment]
-        sys.stderr = _RankStream(self, "stderr", sys.stderr)  # type: ignore[assignment]
+        sys.stdout = _RankStream(self, "stdout", sys.stdout)
+        sys.stderr = _RankStream(self, "stderr", sys.stderr)
         return self
 
     def __exit__(self, *exc: object) -> None:
