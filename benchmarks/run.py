@@ -565,6 +565,64 @@ def bench_llama() -> list[Row]:
     ]
 
 
+_LLAMA_SETUP = """
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from shardviz.examples.llama import ModelArgs, Transformer, parallelize
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+model = parallelize(Transformer(ModelArgs()), mesh["tp"])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+tokens = torch.randint(0, 128, (2, 16))
+"""
+_LLAMA_STEP = "loss = model(tokens).float().mean()\nloss.backward()\nopt.step()\nopt.zero_grad()\nloss.item()"
+
+
+def bench_threads() -> list[Row]:
+    """The Llama step of ``bench_llama`` as a recorded ``%%spmd`` cell, one thread per rank
+    (``sv.use("threads")``) against the lockstep simulator (``sv.use("local")``) in the same run:
+    both keep the model from a set-up cell and record with the default value policy."""
+    import types
+
+    from shardviz import backends
+    from shardviz.backends.local import LocalBackend
+    from shardviz.backends.threads import ThreadsBackend
+
+    torch.set_num_threads(1)
+    progress("one thread per rank vs lockstep: Llama-style training step on 8 ranks")
+    sims: dict[str, Any] = {"lockstep": LocalBackend(8), "threads": ThreadsBackend(8)}
+    shells = {k: types.SimpleNamespace(user_ns={}) for k in sims}
+    losses = {}
+    for k, b in sims.items():
+        with backends.swapped(b):
+            b.run_cell(_LLAMA_SETUP, shells[k])
+            losses[k] = b.run_cell(_LLAMA_STEP, shells[k])
+    assert losses["lockstep"] == losses["threads"], losses  # the same step, the same loss
+    now: list[str] = []
+
+    @contextlib.contextmanager
+    def on(k: str) -> Iterator[None]:
+        now[:] = [k]
+        with backends.swapped(sims[k]):
+            yield
+
+    def step() -> object:
+        return sims[now[0]].run_cell(_LLAMA_STEP, shells[now[0]])
+
+    cases = {k: (lambda k=k: on(k)) for k in sims}
+    med, ratio = interleaved(cases, step, rounds=10)
+    for b in sims.values():
+        b.close()
+    return [
+        (
+            "Llama step (8 ranks), recorded %%spmd cell, one thread per rank",
+            f"{med['threads'] * 1e3:.0f} ms",
+            f"{med['lockstep'] * 1e3:.0f} ms (lockstep simulator)",
+            f"{ratio['threads']:.2f}x",
+        )
+    ]
+
+
 # Traits every ipywidget has (layout, tabbable, ...): not part of a view's own payload.
 _WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
 
@@ -573,6 +631,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
     "llama": bench_llama,
+    "threads": bench_threads,
     "scale": bench_scale,
     "collectives": bench_collectives,
     "memory": bench_memory,

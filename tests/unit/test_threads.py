@@ -651,3 +651,56 @@ def test_every_c10d_collective_against_plain_torch():
     assert len(sub) == 1 and sub[0].op == "all_reduce"
     assert trace.collectives()[-1].op == "barrier"
     assert trace.check() == {}
+
+
+@pytest.mark.timeout(60)
+def test_fsdp2_data_parallel_step_against_plain_torch():
+    """FSDP2 on plain tensors: each rank its own batch slice; the reduce-scattered (averaged)
+    gradient is the gradient of the mean of the ranks' losses, computed here in one process."""
+    from torch.distributed.fsdp import fully_shard
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    x = torch.arange(64.0).reshape(8, 8) / 64
+
+    def fn():
+        model = build()
+        mesh = init_device_mesh("cpu", (N,))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        rank = dist.get_rank()
+        loss = model(x[2 * rank : 2 * rank + 2]).sum()
+        loss.backward()
+        return loss.detach(), model[0].weight.grad.full_tensor(), model[2].bias.grad.full_tensor()
+
+    trace = sv.run(fn)
+    ref = build()
+    losses = [ref(x[2 * r : 2 * r + 2]).sum() for r in range(N)]
+    (sum(losses) / N).backward()
+    for r in range(N):
+        loss, g0, g2 = trace.results[r]
+        torch.testing.assert_close(loss, losses[r].detach())
+        torch.testing.assert_close(g0, ref[0].weight.grad)
+        torch.testing.assert_close(g2, ref[2].bias.grad)
+    ops = [(e.op, e.reduce_op, e.module, e.phase) for e in trace.collectives()]
+    assert ops[:2] == [
+        ("all_gather", None, "FSDPSequential.0", "forward"),
+        ("all_gather", None, "FSDPSequential.2", "forward"),
+    ]
+    assert ("reduce_scatter", "avg", "FSDPSequential.0", "backward") in ops
+
+
+@pytest.mark.timeout(60)
+def test_restart_gives_new_ranks_without_their_names():
+    shell = _shell(dist=dist)
+    backend = backends.current()
+    backend.run_cell("kept = dist.get_rank() * 2", shell)
+    assert backend.run_cell("kept", shell) == {0: 0, 1: 2, 2: 4, 3: 6}
+    fresh = sv.restart()
+    assert fresh is not backend and fresh.name == "threads"
+    assert sv.run(lambda: dist.get_rank()).results == {0: 0, 1: 1, 2: 2, 3: 3}
+    with pytest.raises(NameError, match="kept"):
+        fresh.run_cell("kept", shell)
