@@ -495,7 +495,7 @@ class RankThreads:
         self.job = job
         self.turn: int | None = 0
         self.finished: set[int] = set()
-        self.waiting: dict[int, tuple[Callable[[], bool], Callable[[], str]]] = {}
+        self.waiting: dict[int, tuple[Callable[[], bool], Callable[[], str], Callable[[], list[int]]]] = {}
         self.error: BaseException | None = None
         self.error_rank: int | None = None
         self.meetings: dict[tuple[str, int], Meeting] = {}
@@ -603,8 +603,11 @@ class RankThreads:
         if self.turn is None and self.error is None and len(self.finished) < self.world_size:
             self._fail(DeadlockError(self._deadlock_text()), None)
 
-    def block(self, rank: int, ready: Callable[[], bool], what: Callable[[], str]) -> None:
-        """Wait (letting other ranks run) until ``ready()``; ``what()`` says what for, in errors."""
+    def block(
+        self, rank: int, ready: Callable[[], bool], what: Callable[[], str], needs: Callable[[], list[int]]
+    ) -> None:
+        """Wait (letting other ranks run) until ``ready()``; ``what()`` says what for and
+        ``needs()`` which ranks could make it ready, for a deadlock's message."""
         if ready():
             return
         cond = self.cond
@@ -613,7 +616,7 @@ class RankThreads:
             while not ready():
                 if self.error is not None:
                     raise _Aborted()
-                self.waiting[rank] = (ready, what)
+                self.waiting[rank] = (ready, what, needs)
                 nxt = self._next(rank)
                 if nxt is None:
                     self._fail(DeadlockError(self._deadlock_text()), None)
@@ -650,14 +653,17 @@ class RankThreads:
         ]
         for r in range(self.world_size):
             lines.append(f"  rank {r}: {self.where(r)}")
-        done = sorted(self.finished)
-        stuck = [r for r in range(self.world_size) if r not in self.finished]
-        if done and stuck:
-            lines.append(
-                f"{_ranks(done)} finished while {_ranks(stuck)} still wait{'s' if len(stuck) == 1 else ''}: "
-                "a collective or send that only some ranks call (code that branches on the rank around "
-                "a collective) leaves the others waiting."
-            )
+        for r in sorted(self.waiting):
+            needs = self.waiting[r][2]()
+            gone = [q for q in needs if q in self.finished]
+            if gone:
+                lines.append(
+                    f"rank {r} waits for {_ranks(gone)}, which finished without taking part: a collective "
+                    "or send that only some ranks call (code that branches on the rank around it)."
+                )
+            for q in needs:
+                if q > r and q in self.waiting and r in self.waiting[q][2]():
+                    lines.append(f"ranks {r} and {q} wait for each other.")
         lines.append(
             "Make every rank of a group call the same collectives in the same order, and every recv "
             "match a send (e.g. even ranks send first and odd ranks receive first, or use isend/irecv "
@@ -766,7 +772,12 @@ class RankThreads:
             m.stamp = self.tick()
             del self.meetings[key]
         else:
-            self.block(call.rank, lambda: m.results is not None, lambda: self._waiting_text(m, call))
+            self.block(
+                call.rank,
+                lambda: m.results is not None,
+                lambda: self._waiting_text(m, call),
+                lambda: [r for r in m.group if r not in m.calls],
+            )
         call.frame = None
         assert m.results is not None and m.id is not None
         return m, m.results[call.rank]
@@ -820,7 +831,7 @@ class RankThreads:
                 f"in recv from rank {src} (tag {tag}, group {list(group)}){_where(frame)}; nothing was sent"
             )
 
-        self.block(rank, lambda: bool(q), what)
+        self.block(rank, lambda: bool(q), what, lambda: [src])
         msg = q.pop(0)
         if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
             raise CollectiveMismatchError(

@@ -378,6 +378,7 @@ def test_two_ranks_receiving_from_each_other_is_a_named_deadlock():
     assert "rank 0: in recv from rank 1" in text and "rank 1: in recv from rank 0" in text
     assert "dist.recv(buf, src=1 - rank)" in text
     assert "rank 2: finished" in text and "rank 3: finished" in text
+    assert "ranks 0 and 1 wait for each other" in text
 
 
 @pytest.mark.timeout(30)
@@ -418,6 +419,7 @@ def test_a_collective_some_ranks_skip_is_a_deadlock_naming_them():
     with pytest.raises(DeadlockError, match=r"waiting for rank 2") as info:
         sv.run(fn)
     assert "rank 2: finished" in str(info.value)
+    assert "rank 0 waits for rank 2, which finished without taking part" in str(info.value)
 
 
 @pytest.mark.timeout(30)
