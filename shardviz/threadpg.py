@@ -32,7 +32,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,10 +116,6 @@ class Call:
     group_key: str
     seq: int  # this is the rank's seq-th collective on the group (from 1)
     frame: Any = None  # the caller's frame, while the call is open (for error messages)
-
-    @property
-    def index(self) -> int:
-        return self.group.index(self.rank)
 
     def reduce(self) -> str | None:
         return reduce_name(self.bound.get("reduce_op")) if self.spec.reduce else None
@@ -448,7 +444,6 @@ class Message:
 class _Job:
     fn: Callable[[int], Any]
     results: dict[int, Any] = field(default_factory=dict)
-    errors: dict[int, BaseException] = field(default_factory=dict)
 
 
 class RankThreads:
@@ -475,7 +470,7 @@ class RankThreads:
             }
             for r in range(world_size)
         }
-        self._reset(None)
+        self._reset()
         start = _torch.process_state()  # every rank starts from the same state, as processes would
         for r in range(world_size):
             rng, dtype, handlers, contents = start
@@ -491,8 +486,7 @@ class RankThreads:
 
     # --- state of one run ----------------------------------------------------------------------
 
-    def _reset(self, job: _Job | None) -> None:
-        self.job = job
+    def _reset(self) -> None:
         self.turn: int | None = 0
         self.finished: set[int] = set()
         self.waiting: dict[int, tuple[Callable[[], bool], Callable[[], str], Callable[[], list[int]]]] = {}
@@ -557,7 +551,6 @@ class RankThreads:
         except _Aborted:
             pass
         except BaseException as e:  # the rank's own error: the run ends with it
-            job.errors[rank] = e
             with cond:
                 self._fail(e, rank)
         finally:
@@ -686,7 +679,7 @@ class RankThreads:
         main_state = _torch.process_state()
         saved_env = {k: os.environ.get(k) for k in self._env[0]}
         with self.cond:
-            self._reset(job)
+            self._reset()
         try:
             with _torch.thread_local_c10d(), _torch.tracking_meshes():
                 for box in self._inbox:
@@ -926,14 +919,3 @@ class MeetingMode(_torch.TorchDispatchMode):
             return True
 
         return _torch.callback_work(wait)
-
-
-@contextlib.contextmanager
-def no_rank() -> Iterator[None]:
-    """Code in a rank's thread that is not the rank's own (shardviz's bookkeeping)."""
-    busy = getattr(_local, "busy", False)
-    _local.busy = False
-    try:
-        yield
-    finally:
-        _local.busy = busy

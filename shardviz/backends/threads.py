@@ -246,6 +246,12 @@ class ThreadsBackend:
             return None  # a failed run's partial traces that do not merge: the error says enough
         if not complete:
             trace.complete = False
+        unreceived = [m for m in self.pool.messages if not m.received]
+        if unreceived:
+            pairs = ", ".join(f"{m.src}->{m.dst}" for m in unreceived)
+            trace.notes.append(
+                f"sent but never received (no matching recv, or its wait() never called): {pairs}"
+            )
         for m in trace.meshes:
             if m not in self.known_meshes:
                 self.known_meshes.append(m)

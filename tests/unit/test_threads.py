@@ -706,3 +706,15 @@ def test_restart_gives_new_ranks_without_their_names():
     assert sv.run(lambda: dist.get_rank()).results == {0: 0, 1: 1, 2: 2, 3: 3}
     with pytest.raises(NameError, match="kept"):
         fresh.run_cell("kept", shell)
+
+
+@pytest.mark.timeout(30)
+def test_a_send_nobody_receives_is_noted():
+    def fn():
+        if dist.get_rank() == 1:
+            dist.send(torch.ones(2), dst=2)  # sends are buffered, as on gloo: rank 1 goes on
+
+    trace = sv.run(fn)
+    assert trace.notes == ["sent but never received (no matching recv, or its wait() never called): 1->2"]
+    (send,) = trace.collectives()
+    assert send.op == "send" and send.params["peer"] is None
