@@ -24,7 +24,7 @@ from typing import Any
 
 from . import mesh as _mesh
 from .merge import merge_event, mesh_candidates, signature
-from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Event, Trace
+from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Event, Trace
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Link:
     key: int
     kind: str | None = None
     id: int | None = None
+    pipeline: dict[str, Any] | None = None  # a pipeline stage's message: stage, microbatch, phase
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ def interleave(
             event: Event = _p2p(i, per_rank, {r: walk.link(r) for r in step}, messages, sent, candidates)
             for r in step:
                 p2p[(kind, walk.link(r).id)] = i  # type: ignore[index]
+        elif isinstance(head := per_rank[step[0]], ComputeEvent):  # one stage's step, on its ranks
+            on = tuple(sorted({q for e in per_rank.values() for q in getattr(e, "ranks", ())}))
+            event = dataclasses.replace(head, ranks=on)
         else:
             event = merge_event(i, per_rank, candidates)
         events.append(dataclasses.replace(event, id=i, parent=parent))
@@ -128,7 +132,9 @@ class _Walk:
             e = self.events[r][self.pos[r]]
             if self.link(r).kind in ("send", "recv"):
                 src = (e.source.line, e.source.text) if e.source is not None else None
-                sig = repr((e.kind, getattr(e, "op", None), src, e.module, e.phase))
+                sig = repr((e.kind, getattr(e, "op", None), src, e.module, e.phase, self.link(r).pipeline))
+            elif isinstance(e, ComputeEvent):
+                sig = repr((e.kind, e.name, e.stage, e.microbatch, e.phase))
             else:
                 sig = repr(signature(dataclasses.replace(e, parent=None)))
             self._sig[key] = sig
@@ -199,12 +205,15 @@ def _p2p(
         "process_group": [list(g) for g in process_groups],
         "_messages": ids,
     }
+    label = links[ranks[0]].pipeline
+    if label is not None:
+        params["pipeline"] = dict(label)
     common: dict[str, Any] = {
         "id": i,
         "parent": first.parent,
         "source": first.source,
         "module": first.module,
-        "phase": first.phase,
+        "phase": label["phase"] if label is not None else first.phase,
         "groups": pairs,
         "mesh_dim": dim,
         "mesh_dim_name": name,

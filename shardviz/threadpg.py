@@ -857,8 +857,9 @@ class MeetingMode(_torch.TorchDispatchMode):
         super().__init__()
         self.pool = pool
         self.rank = rank
-        # What the recorder learns of each op: ("meeting" | "send", id, the run's clock then).
-        self.on_meeting: Callable[[str, int, int], None] | None = None
+        # What the recorder learns of each op: ("meeting" | "send", id, the run's clock then,
+        # id() of the tensor sent, or None).
+        self.on_meeting: Callable[[str, int, int, int | None], None] | None = None
         self.on_recv: Callable[[Message], None] | None = None  # set by the recorder for one recv
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -887,7 +888,7 @@ class MeetingMode(_torch.TorchDispatchMode):
         call = Call(self.rank, spec, impl, bound, ranks, gkey, seq)
         meeting, out = self.pool.collective(call)
         if self.on_meeting is not None:
-            self.on_meeting("meeting", meeting.id, meeting.stamp)
+            self.on_meeting("meeting", meeting.id, meeting.stamp, None)
         return out
 
     def _send(self, bound: dict[str, Any], group: tuple[int, ...], gkey: str) -> Any:
@@ -895,7 +896,7 @@ class MeetingMode(_torch.TorchDispatchMode):
         dst = group[int(bound["dst"])]
         msg = self.pool.send(self.rank, tensor, group, gkey, dst, int(bound.get("tag", 0)))
         if self.on_meeting is not None:
-            self.on_meeting("send", msg.id, msg.stamp)
+            self.on_meeting("send", msg.id, msg.stamp, id(tensor))
         return _work()
 
     def _recv(self, impl: str, bound: dict[str, Any], group: tuple[int, ...], gkey: str) -> Any:

@@ -21,18 +21,20 @@ to this backend, as next to a real one.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
 import enum
 import io
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .. import _torch, threadpg
 from ..errors import BackendError
@@ -41,10 +43,21 @@ from ..merge import SequenceMismatchError, check_sequences, merge
 from ..recorder import Recorder, ValueBudget, split_per_rank
 from ..recorder.snapshot import flatten, nbytes
 from ..recorder.specs import params
-from ..trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Trace
+from ..trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Trace
 from .base import check_world_size, counts_memory, draw, rank_tensor
 
 NAME = "threads"
+_COMPUTE_NAMES = {
+    "forward_one_chunk": "forward",
+    "backward_one_chunk": "backward",
+    "backward_weight_one_chunk": "backward_weight",
+}
+_OPS_PHASE = {
+    "get_fwd_send_ops": "forward",
+    "get_fwd_recv_ops": "forward",
+    "get_bwd_send_ops": "backward",
+    "get_bwd_recv_ops": "backward",
+}
 
 
 class ThreadsBackend:
@@ -198,8 +211,19 @@ class ThreadsBackend:
                 rec.finish()
 
         streams = _RankStreams()
+
+        def here() -> _RankRecorder:
+            rank = threadpg.current_rank()
+            assert rank is not None, "a pipeline stage ran outside a rank's thread"
+            return recorders[rank]
+
+        hooks = _torch.pipeline_stage_hooks(
+            lambda group: dist.get_rank(group),  # each rank's own: a plain int, as on real ranks
+            lambda *a: here().compute(*a),
+            lambda *a: here().stage_ops(*a),
+        )
         try:
-            with streams:
+            with streams, hooks:
                 results = self.pool.run(job)
         except BaseException:
             streams.replay()
@@ -230,7 +254,9 @@ class ThreadsBackend:
                 }
                 if m not in known:
                     known.append(m)
-        p2p = any(link.kind in ("send", "recv") for ls in links.values() for link in ls)
+        p2p = any(link.kind in ("send", "recv") for ls in links.values() for link in ls) or any(
+            isinstance(e, ComputeEvent) for t in traces.values() for e in t.events
+        )
         try:
             if not p2p and len(traces) == self.world_size:
                 try:
@@ -285,6 +311,9 @@ class _RankRecorder(Recorder):
         self.ident = threading.get_ident()
         self.keys: dict[int, int] = {}  # provisional event id -> the run's clock (ordering key)
         self.links: dict[int, tuple[str, int]] = {}
+        self.pipeline: dict[int, dict[str, Any]] = {}  # event -> its pipeline label (a p2p event)
+        self.labels: dict[int, tuple[Any, dict[str, Any]]] = {}  # id(tensor) -> (tensor, label)
+        self._computes: list[int] = []
         self._last = -1
         ms = self.modules
         for name in ("_enter_forward", "_leave_forward"):
@@ -316,9 +345,47 @@ class _RankRecorder(Recorder):
         self._last = eid
         return eid
 
-    def _linked(self, kind: str, ident: int, stamp: int) -> None:
+    def _linked(self, kind: str, ident: int, stamp: int, tensor: int | None) -> None:
         self.links[self._last] = (kind, ident)
         self.keys[self._last] = stamp
+        if tensor is not None and tensor in self.labels:
+            self.pipeline[self._last] = dict(self.labels[tensor][1])
+
+    # --- pipeline stages (torch.distributed.pipelining), through _torch.pipeline_stage_hooks ---
+
+    def _parent(self, in_dispatch: bool) -> int | None:
+        parent = super()._parent(in_dispatch)
+        return parent if parent is not None or not self._computes else self._computes[-1]
+
+    @contextlib.contextmanager
+    def compute(self, stage: int, method: str, chunk: int) -> Iterator[None]:
+        """A stage's forward or backward of one microbatch: an event whose children are what it
+        communicates (its tensor-parallel collectives)."""
+        eid = self._reserve()
+        source, _, _, _ = self._context()
+        name = _COMPUTE_NAMES.get(method, method)
+        assert self.rank is not None
+        self._slots[eid] = ComputeEvent(
+            id=eid,
+            parent=self._parent(False),
+            source=source,
+            phase="backward" if name.startswith("backward") else "forward",
+            name=name,
+            ranks=(self.rank,),
+            stage=stage,
+            microbatch=chunk,
+        )
+        self._computes.append(eid)
+        try:
+            yield
+        finally:
+            self._computes.pop()
+
+    def stage_ops(self, stage: int, method: str, chunk: int, tensors: list[Any]) -> None:
+        """The tensors a stage is about to send or receive: their messages are pipeline traffic."""
+        label = {"stage": stage, "microbatch": chunk, "phase": _OPS_PHASE.get(method, method)}
+        for x in tensors:
+            self.labels[id(x)] = (x, label)  # the tensor is kept: its id stays its own
 
     def _on_to_local(self, dt: Any, out: Any, caller: Any) -> None:
         if threading.get_ident() == self.ident:
@@ -350,6 +417,7 @@ class _RankRecorder(Recorder):
         gkey = _torch.process_group_key(group)
         groups = (tuple(_torch.process_group_ranks(group)),)
         out_arg = bound[spec.outputs]
+        (buf,) = out_arg
         if self.snaps.aliases:
             self.snaps.unalias(flatten(out_arg))  # the receive writes it
         rank = self.rank
@@ -379,6 +447,8 @@ class _RankRecorder(Recorder):
             self._group_desc[id(event)] = self._desc(gkey, group)
             self.links[eid] = ("recv", msg.id)
             self.keys[eid] = msg.stamp
+            if id(buf) in self.labels:
+                self.pipeline[eid] = dict(self.labels[id(buf)][1])
 
         mode = threadpg.current_mode()
         if mode is not None:
@@ -397,7 +467,7 @@ class _RankRecorder(Recorder):
         for eid, slot in enumerate(self._slots):
             if slot is not None:
                 kind, ident = self.links.get(eid, (None, None))
-                by_event[id(slot)] = Link(self.keys.get(eid, 0), kind, ident)
+                by_event[id(slot)] = Link(self.keys.get(eid, 0), kind, ident, self.pipeline.get(eid))
         return [by_event.get(id(e), Link(0)) for e in self.trace.events]
 
 

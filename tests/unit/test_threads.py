@@ -718,3 +718,48 @@ def test_a_send_nobody_receives_is_noted():
     assert trace.notes == ["sent but never received (no matching recv, or its wait() never called): 1->2"]
     (send,) = trace.collectives()
     assert send.op == "send" and send.params["peer"] is None
+
+
+@pytest.mark.timeout(60)
+def test_a_1f1b_pipeline_selects_its_stage_by_rank():
+    """Each rank picks its stage by indexing a list with its pp rank; stage shapes are inferred
+    (no input_args); gradients equal the unsplit model's; the timeline is the classic 1F1B one."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+
+    def step():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp = mesh.get_local_rank("pp")
+        part = [full[0:2], full[2:4]][pp]  # the stage this rank holds
+        stage = PipelineStage(part, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+        schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=nn.MSELoss())
+        if pp == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y)
+        return part[0].weight.grad
+
+    trace = sv.run(step)
+    out = full(x)
+    (sum(F.mse_loss(o, t) for o, t in zip(out.chunk(4), y.chunk(4), strict=True)) / 4).backward()
+    for r in range(N):
+        torch.testing.assert_close(trace.results[r], full[0 if r < 2 else 2].weight.grad)
+    tl = sv.pipeline_timeline(trace)
+    assert str(tl).splitlines()[:5] == [
+        "Pipeline timeline: 4 ranks, 10 steps, bubble 20.0% (F forward, B backward, . idle)",
+        "rank 0 |F0 F1 .  B0 F2 B1 F3 B2 .  B3 |",
+        "rank 1 |F0 F1 .  B0 F2 B1 F3 B2 .  B3 |",
+        "rank 2 |.  F0 B0 F1 B1 F2 B2 F3 B3 .  |",
+        "rank 3 |.  F0 B0 F1 B1 F2 B2 F3 B3 .  |",
+    ]
+    computes = [e for e in trace.events if e.kind == "compute"]
+    assert {e.ranks for e in computes} == {(0, 1), (2, 3)}  # one event per stage step, both dp ranks
+    acts = [
+        e
+        for e in trace.collectives()
+        if e.op == "send" and e.params.get("pipeline", {}).get("phase") == "forward"
+    ]
+    assert len(acts) == 4 and all(e.groups == ((0, 2), (1, 3)) for e in acts)
