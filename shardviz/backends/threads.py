@@ -576,6 +576,8 @@ class _Borrower:
                 "group. Make it inside sv.run(fn) or a %%spmd cell."
             )
         if isinstance(v, torch.Tensor):
+            if v.is_leaf:
+                return copy.deepcopy(v)  # a Parameter stays one, requires_grad is kept
             return v.detach().clone().requires_grad_(v.requires_grad)
         if isinstance(v, list):
             return [self.value(x) for x in v]

@@ -537,6 +537,15 @@ def test_spmd_compare_runs_the_lockstep_simulator_next_to_the_threads():
     assert cmp.ok, str(cmp)
     assert cmp.real.backend == "threads" and len(cmp.real.collectives()) == 2
 
+    def fn():
+        t = torch.arange(4.0)
+        dist.all_reduce(t)
+        return t
+
+    cmp = sv.compare(fn)
+    assert cmp.ok, str(cmp)
+    assert cmp.real.results[2].tolist() == [0.0, 4.0, 8.0, 12.0]  # four ranks' arange summed
+
 
 @pytest.mark.timeout(60)
 def test_a_threads_trace_saves_loads_and_draws(tmp_path):
