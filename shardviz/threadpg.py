@@ -461,6 +461,7 @@ class RankThreads:
         self._inbox: list[queue.SimpleQueue[_Job | None]] = [queue.SimpleQueue() for _ in range(world_size)]
         self._clock = itertools.count()
         self._state: dict[int, tuple[Any, ...]] = {}  # each rank's process-wide torch state
+        self._holding: int | None = None  # the rank whose state the process holds now
         self._env = {
             r: {
                 "RANK": str(r),
@@ -573,9 +574,14 @@ class RankThreads:
         handlers) and its ``RANK``/``WORLD_SIZE`` environment come back."""
         _torch.restore_process_state(self._state[rank])
         os.environ.update(self._env[rank])
+        self._holding = rank
 
     def _switch_out(self, rank: int) -> None:
-        self._state[rank] = _torch.process_state()
+        """This rank lets go: the process state is its own, kept for when it runs again (a rank
+        stopped while waiting holds none, and keeps what it had)."""
+        if self._holding == rank:
+            self._state[rank] = _torch.process_state()
+            self._holding = None
 
     def _next(self, rank: int) -> int | None:
         """The rank to run after ``rank`` stops: round robin, one not finished and not waiting for
@@ -720,8 +726,8 @@ class RankThreads:
     def _failure(self) -> BaseException:
         e = self.error
         assert e is not None
-        if isinstance(e, ShardvizError | KeyboardInterrupt):
-            return e
+        if isinstance(e, DeadlockError | CollectiveMismatchError | KeyboardInterrupt):
+            return e  # the meeting point's own errors name every rank already
         rank = self.error_rank
         others = [f"  rank {r}: {self.positions.get(r, '?')}" for r in range(self.world_size) if r != rank]
         note = f"raised on rank {rank} of {self.world_size} (sv.use('threads')); the run stopped there."

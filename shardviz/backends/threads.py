@@ -254,11 +254,12 @@ class ThreadsBackend:
                 }
                 if m not in known:
                     known.append(m)
-        p2p = any(link.kind in ("send", "recv") for ls in links.values() for link in ls) or any(
-            isinstance(e, ComputeEvent) for t in traces.values() for e in t.events
-        )
+        # Messages and pipeline stages differ by rank by nature: they are merged by where they met.
+        by_position = not any(
+            link.kind in ("send", "recv") for ls in links.values() for link in ls
+        ) and not any(isinstance(e, ComputeEvent) for t in traces.values() for e in t.events)
         try:
-            if not p2p and len(traces) == self.world_size:
+            if by_position and len(traces) == self.world_size:
                 try:
                     check_sequences({r: t.events for r, t in traces.items()})
                     trace = merge(traces, NAME, values, known)
