@@ -1536,3 +1536,22 @@ def restore_process_state(state: tuple[Any, ...]) -> None:
     if handlers != contents:
         handlers.clear()
         handlers.update(contents)
+
+
+RANK_BACKEND = "shardviz"
+
+
+def rank_backend() -> str:
+    """The process-group backend of a rank thread: torch's fake process group, whose every
+    collective reaches the dispatcher (where shardviz carries it out), under a name of its own.
+    Torch code that skips communicating on a group named "fake" (pipelining's shape inference
+    and p2p set-up from torch 2.15, DeviceMesh's device set-up) then does what it would on the
+    real backend the rank stands for."""
+    if RANK_BACKEND.upper() not in dist.Backend._plugins:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        def create(common: Any, options: Any) -> Any:
+            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)
+
+        dist.Backend.register_backend(RANK_BACKEND, create, extended_api=True, devices=["cpu"])
+    return RANK_BACKEND

@@ -468,6 +468,7 @@ class RankThreads:
                 "LOCAL_RANK": str(r),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_WORLD_SIZE": str(world_size),
+                "TORCH_DIST_INIT_BARRIER": "0",  # a store barrier would wait on this rank's own store
             }
             for r in range(world_size)
         }
@@ -510,10 +511,12 @@ class RankThreads:
     # --- the threads -----------------------------------------------------------------------------
 
     def _join_world(self, rank: int) -> None:
-        """Each rank's own default process group: a fake one, rank ``rank`` of ``world_size``."""
+        """Each rank's own default process group: rank ``rank`` of ``world_size``, a fake one
+        (``_torch.rank_backend``) whose collectives this module carries out."""
         if not dist.is_initialized():
             hook = sys.excepthook  # init_process_group wraps it to tag tracebacks with a rank
-            dist.init_process_group("fake", rank=rank, world_size=self.world_size)
+            backend = _torch.rank_backend()
+            dist.init_process_group(backend, rank=rank, world_size=self.world_size, store=dist.HashStore())
             sys.excepthook = hook
 
     def _leave_world(self, rank: int) -> None:
