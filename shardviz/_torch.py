@@ -1551,7 +1551,8 @@ def rank_backend() -> str:
         from torch._C._distributed_c10d import FakeProcessGroup
 
         def create(common: Any, options: Any) -> Any:
-            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)
+            # as torch's own "fake" backend creates it (the stubs lack the options argument)
+            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)  # type: ignore[call-arg]
 
         dist.Backend.register_backend(RANK_BACKEND, create, extended_api=True, devices=["cpu"])
     return RANK_BACKEND
