@@ -440,6 +440,18 @@ class Message:
 # --- the scheduler -----------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class _Wait:
+    """What a blocked rank waits for: ``ready()`` once it can go on, ``what()`` in words,
+    ``needs()`` the ranks that could make it ready, and the group of its collective (if one)."""
+
+    ready: Callable[[], bool]
+    what: Callable[[], str]
+    needs: Callable[[], list[int]]
+    group: tuple[int, ...] | None = None
+    group_key: str | None = None
+
+
 @dataclass
 class _Job:
     fn: Callable[[int], Any]
@@ -491,7 +503,7 @@ class RankThreads:
     def _reset(self) -> None:
         self.turn: int | None = 0
         self.finished: set[int] = set()
-        self.waiting: dict[int, tuple[Callable[[], bool], Callable[[], str], Callable[[], list[int]]]] = {}
+        self.waiting: dict[int, _Wait] = {}
         self.error: BaseException | None = None
         self.error_rank: int | None = None
         self.meetings: dict[tuple[str, int], Meeting] = {}
@@ -595,7 +607,7 @@ class RankThreads:
             if u in self.finished:
                 continue
             waiting = self.waiting.get(u)
-            if waiting is None or waiting[0]():
+            if waiting is None or waiting.ready():
                 return u
         return None
 
@@ -605,20 +617,17 @@ class RankThreads:
         if self.turn is None and self.error is None and len(self.finished) < self.world_size:
             self._fail(DeadlockError(self._deadlock_text()), None)
 
-    def block(
-        self, rank: int, ready: Callable[[], bool], what: Callable[[], str], needs: Callable[[], list[int]]
-    ) -> None:
-        """Wait (letting other ranks run) until ``ready()``; ``what()`` says what for and
-        ``needs()`` which ranks could make it ready, for a deadlock's message."""
-        if ready():
+    def block(self, rank: int, wait: _Wait) -> None:
+        """Wait (letting other ranks run) until ``wait.ready()``."""
+        if wait.ready():
             return
         cond = self.cond
         self._switch_out(rank)
         with cond:
-            while not ready():
+            while not wait.ready():
                 if self.error is not None:
                     raise _Aborted()
-                self.waiting[rank] = (ready, what, needs)
+                self.waiting[rank] = wait
                 nxt = self._next(rank)
                 if nxt is None:
                     self._fail(DeadlockError(self._deadlock_text()), None)
@@ -641,7 +650,7 @@ class RankThreads:
     def where(self, rank: int) -> str:
         """What a rank is doing now, for error messages."""
         if rank in self.waiting:
-            return self.waiting[rank][1]()
+            return self.waiting[rank].what()
         if rank in self.finished:
             return "finished"
         if rank not in self.started:
@@ -656,7 +665,8 @@ class RankThreads:
         for r in range(self.world_size):
             lines.append(f"  rank {r}: {self.where(r)}")
         for r in sorted(self.waiting):
-            needs = self.waiting[r][2]()
+            w = self.waiting[r]
+            needs = w.needs()
             gone = [q for q in needs if q in self.finished]
             if gone:
                 lines.append(
@@ -664,7 +674,16 @@ class RankThreads:
                     "or send that only some ranks call (code that branches on the rank around it)."
                 )
             for q in needs:
-                if q > r and q in self.waiting and r in self.waiting[q][2]():
+                other = self.waiting.get(q)
+                if other is None:
+                    continue
+                if w.group is not None and other.group is not None and other.group_key != w.group_key:
+                    lines.append(
+                        f"rank {r} waits for rank {q} in a collective over {list(w.group)}, but rank {q} "
+                        f"is in one over {list(other.group)}: the ranks called collectives on different "
+                        "groups at this step."
+                    )
+                elif q > r and r in other.needs():
                     lines.append(f"ranks {r} and {q} wait for each other.")
         lines.append(
             "Make every rank of a group call the same collectives in the same order, and every recv "
@@ -776,9 +795,13 @@ class RankThreads:
         else:
             self.block(
                 call.rank,
-                lambda: m.results is not None,
-                lambda: self._waiting_text(m, call),
-                lambda: [r for r in m.group if r not in m.calls],
+                _Wait(
+                    lambda: m.results is not None,
+                    lambda: self._waiting_text(m, call),
+                    lambda: [r for r in m.group if r not in m.calls],
+                    m.group,
+                    call.group_key,
+                ),
             )
         call.frame = None
         assert m.results is not None and m.id is not None
@@ -833,7 +856,7 @@ class RankThreads:
                 f"in recv from rank {src} (tag {tag}, group {list(group)}){_where(frame)}; nothing was sent"
             )
 
-        self.block(rank, lambda: bool(q), what, lambda: [src])
+        self.block(rank, _Wait(lambda: bool(q), what, lambda: [src]))
         msg = q.pop(0)
         if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
             raise CollectiveMismatchError(

@@ -772,3 +772,22 @@ def test_a_1f1b_pipeline_selects_its_stage_by_rank():
         if e.op == "send" and e.params.get("pipeline", {}).get("phase") == "forward"
     ]
     assert len(acts) == 4 and all(e.groups == ((0, 2), (1, 3)) for e in acts)
+
+
+@pytest.mark.timeout(30)
+def test_collectives_on_different_groups_at_one_step_are_named():
+    def fn():
+        pair = dist.new_group([0, 1])  # every rank makes the group, as torch requires
+        t = torch.ones(1)
+        if dist.get_rank() == 0:
+            dist.all_reduce(t)  # the whole world
+        elif dist.get_rank() == 1:
+            dist.all_reduce(t, group=pair)
+
+    with pytest.raises(DeadlockError) as info:
+        sv.run(fn)
+    text = str(info.value)
+    assert (
+        "rank 0 waits for rank 1 in a collective over [0, 1, 2, 3], but rank 1 is in one over [0, 1]" in text
+    )
+    assert "different groups" in text
