@@ -373,7 +373,7 @@ def test_two_ranks_receiving_from_each_other_is_a_named_deadlock():
     t0 = time.monotonic()
     with pytest.raises(DeadlockError) as info:
         sv.run(fn)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 10  # at once: no process-group timeout to wait out
     text = str(info.value)
     assert "rank 0: in recv from rank 1" in text and "rank 1: in recv from rank 0" in text
     assert "dist.recv(buf, src=1 - rank)" in text
@@ -393,7 +393,7 @@ def test_mismatched_collective_is_named_at_once():
     t0 = time.monotonic()
     with pytest.raises(CollectiveMismatchError) as info:
         sv.run(fn)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 10  # at once: no process-group timeout to wait out
     text = str(info.value)
     assert "different collectives" in text
     assert "rank 0: all_reduce(sum) of float32[2]" in text and "dist.all_reduce(x)" in text
