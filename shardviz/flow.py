@@ -195,6 +195,8 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
                     out[r] = [ins[q][j] for q in g]
             else:
                 sizes = p.get("input_split_sizes") or None
+                if sizes and any(sum(sizes) != _one(ins[q]).shape[0] for q in g):
+                    return None  # split sizes that differ by rank: the event keeps one rank's
                 chunked = {q: _chunks(_one(ins[q]), sizes, n) for q in g}
                 for j, r in enumerate(g):
                     out[r] = np.concatenate([chunked[q][j] for q in g], axis=0)
