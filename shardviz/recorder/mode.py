@@ -64,19 +64,23 @@ class Recorder(_torch.DebugMode):
         values: str | int | ValueBudget,
         rank: int | None = None,
         on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
+        alias_buffers: bool = True,
     ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
         number records one real process's own buffers and group, for the client to merge.
         ``values`` is the value policy, or a budget shared with other recorders of one trace.
         ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
         collective runs and ``"leave"`` after: a real rank publishes it so that the client can
-        tell where a rank blocked inside the collective is."""
+        tell where a rank blocked inside the collective is. ``alias_buffers=False`` copies every
+        snapshot at once (see ``Snapshots``)."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
         self.rank = rank
         self.on_collective = on_collective
-        self.snaps = Snapshots(values if isinstance(values, ValueBudget) else ValueBudget(values))
+        self.snaps = Snapshots(
+            values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
+        )
         self._slots: list[Event | None] = []
         self._stack: list[_redistribute.OpenRedistribute] = []  # redistributes entered, not left
         self._has_children: set[int] = set()
