@@ -566,16 +566,12 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
-        self._fsdp = False  # an FSDP2 module has run in this recording
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
-                # fully_shard makes a module an FSDPModule: its collectives are then looked up
-                # by their parameter group (see current), in the simulator and on real ranks.
-                self._fsdp = self._fsdp or hasattr(type(sub), "set_requires_gradient_sync")
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
@@ -595,10 +591,12 @@ class ModuleStack:
         if end > start:
             self._spans.append((start, end, name))
 
-    def current(self) -> str | None:
-        if self._fsdp:
-            owner = _fsdp_owner(sys._getframe(1))
-            name = self._names.get(owner) if owner is not None else None  # named once its model ran
+    def current(self, fsdp_owner: Any = None) -> str | None:
+        """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
+        of its frame, found by the walk to the user's line): what that group communicates
+        belongs to it, in the simulator and on real ranks, whichever module's hook ran it."""
+        if fsdp_owner is not None:
+            name = self._names.get(fsdp_owner)  # named once its model ran
             if name is not None:
                 return name
         if in_backward():
@@ -801,17 +799,17 @@ _FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 
 
-def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
-    """The module whose FSDP parameter group issues what is running (its all-gather, its
-    reduce-scatter), found on the stack: FSDP runs them from hooks of other modules (the next
-    layer's pre-backward re-gathers this one) and from the autograd engine's callbacks."""
-    while frame is not None and depth:
-        if frame.f_code.co_filename.endswith("_fsdp_param_group.py"):
-            modules = getattr(frame.f_locals.get("self"), "modules", None)
-            if modules:
-                return modules[0]
-        frame, depth = frame.f_back, depth - 1
-    return None
+# The source file of FSDP2's parameter groups: a frame of it on the stack means FSDP itself issues
+# what is running (an all-gather, a reduce-scatter), from hooks of other modules (the next layer's
+# pre-backward re-gathers this one) or from the autograd engine's callbacks.
+FSDP_GROUP_FILE = os.path.join(TORCH_DIR, *_FSDP_GROUP.split(".")[1:]) + ".py"
+
+
+def fsdp_owner(frame: FrameType) -> Any:
+    """The module whose FSDP parameter group runs ``frame`` (a frame of ``FSDP_GROUP_FILE``), or
+    None (a function there that is no method of a group)."""
+    modules = getattr(frame.f_locals.get("self"), "modules", None)
+    return modules[0] if modules else None
 
 
 # Called as ``listener(rank, tensor)`` after FSDP2 resizes a storage in place in the simulation

@@ -251,9 +251,10 @@ class _Run:
     # --- messages ----------------------------------------------------------------------------
 
     def _where(self) -> tuple[Source | None, str | None]:
-        frame, _ = frames.user_frame(sys._getframe(2))
+        fsdp: list[Any] = []
+        frame, _ = frames.user_frame(sys._getframe(2), fsdp=fsdp)
         rec = self.recorders.get(self.sim.thread)
-        module = rec.modules.current() if rec is not None else None
+        module = rec.modules.current(fsdp[0] if fsdp else None) if rec is not None else None
         return frames.source(frame), module
 
     def _label(self, key: int) -> dict[str, Any] | None:

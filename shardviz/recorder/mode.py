@@ -299,8 +299,9 @@ class Recorder(_torch.DebugMode):
         return None
 
     def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes)
-        module = self.modules.current()
+        fsdp: list[Any] = []
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp)
+        module = self.modules.current(fsdp[0] if fsdp else None)
         backward = _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
         return frames.source(frame), module, phase, in_dispatch
