@@ -1028,6 +1028,7 @@ class ThreadedP2P:
         self.finished: set[int] = set()
         self.waiting: dict[int, tuple[Any, str]] = {}
         self.error: BaseException | None = None
+        self.interrupted: BaseException | None = None  # what stopped the calling thread (Ctrl-C)
         self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
         self.results: dict[int, Any] = {}
         self._runner: Any = None
@@ -1076,7 +1077,11 @@ class ThreadedP2P:
                             blocked = {u: w[1] for u, w in self.waiting.items()}
                             self.error = P2PStuck(self._deadlock_text(blocked))
                         cond.notify_all()
-                        while len(self.finished) < self.threads and self.error is None:
+                        while (
+                            len(self.finished) < self.threads
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             cond.wait(0.5)
             finally:
                 cond.notify_all()
@@ -1087,25 +1092,48 @@ class ThreadedP2P:
         cond_box.append(runner._run_cond)
         self._runner = runner
         try:
-            runner.__enter__()
+            try:
+                runner.__enter__()  # starts the threads
+                self._join(runner)
+            except BaseException as e:
+                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run:
+                # they stop at their next operator or wait, and are joined before the globals they
+                # run under are reset, so that a later run starts clean.
+                self.interrupted = e
+                self._join(runner)
+                raise
         finally:
-            # Join every thread without LocalRunnerMode.__exit__: it re-raises the first thread's
-            # error before resetting its globals and leaves the other threads unjoined.
-            for thread in runner._runners:
-                threading.Thread.join(thread)
-            ltm_mod._LOCAL_RUNNER_MODE = None
+            # Not LocalRunnerMode.__exit__: it re-raises the first thread's error before resetting
+            # its globals and leaves the other threads unjoined.
+            if getattr(ltm_mod, "_LOCAL_RUNNER_MODE", None) is runner:
+                ltm_mod._LOCAL_RUNNER_MODE = None
             ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)
         if self.error is not None:
             raise self.error
         return self.results
 
+    @staticmethod
+    def _join(runner: Any) -> None:
+        """Wait for every runner thread that was started (a KeyboardInterrupt can come while
+        ``LocalRunnerMode`` starts them)."""
+        for thread in runner._runners:
+            if thread.ident is not None:
+                threading.Thread.join(thread)
+
+    def check_stop(self) -> None:
+        """Raise ``P2PAborted`` in a runner thread once another thread failed or the run was
+        interrupted."""
+        if self.interrupted is not None:
+            raise P2PAborted(f"stopped: the run was interrupted ({type(self.interrupted).__name__})")
+        if self.error is not None:
+            raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+
     def _await_turn(self, t: int) -> None:
         """Wait (releasing the run lock) until it is thread ``t``'s turn, or a thread failed."""
         cond = self._runner._run_cond
         while self.turn != t:
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             cond.wait(0.5)
 
     def _next_runnable(self, t: int) -> int | None:
@@ -1125,8 +1153,7 @@ class ThreadedP2P:
         cond = self._runner._run_cond
         t = self.thread
         while not ready():
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             self.waiting[t] = (ready, what)
             nxt = self._next_runnable(t)
             if nxt is None:
@@ -1177,6 +1204,8 @@ class P2PMode(TorchDispatchMode):
         return mine[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.sim.interrupted is not None:
+            self.sim.check_stop()  # Ctrl-C in the calling thread: stop at this operator
         kwargs = kwargs or {}
         if func is torch.ops.c10d.send.default:
             return self._send(*args, **kwargs)
