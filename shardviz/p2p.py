@@ -117,7 +117,7 @@ def run_threads(
     state = _Run(world, live_ranks(world, threads), values)
     trace = Trace(world, "local", values)
     try:
-        with _torch.tracking_meshes(), state.pipeline_hooks():
+        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), state.pipeline_hooks():
             results = state.sim.run(lambda t: fn(t, *args, **kwargs), setup=state.thread_setup)
     except _torch.P2PStuck as e:
         trace.complete = False

@@ -166,3 +166,33 @@ def test_fsdp_attribution_reads_frames_only_for_what_fsdp_issues(monkeypatch):
     # TP's collectives and operators inside those modules, and the optimizer's, need no lookup.
     assert len(issued) <= len(lookups) < len(in_fsdp_modules) < len(trace.events)
     assert set(lookups) == {_torch.FSDP_GROUP_FILE}
+
+
+def test_fsdp_in_a_threaded_run_trains_as_plain_torch():
+    """sv.run(fn, threads=N) (pipelines) with FSDP2 over the dp dim inside each thread's ranks:
+    the same per-rank simulation of FSDP as sv.record(), and the parameters plain torch gives."""
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+
+    def stage(thread):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        model = copy.deepcopy(plain)
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        opt.step()
+        return {name: p.full_tensor() for name, p in model.named_parameters()}
+
+    trace = sv.run(stage, threads=2)
+    for thread, ranks in enumerate(((0, 1), (2, 3))):  # each thread's dp group trains on its batches
+        want = copy.deepcopy(plain)
+        plain_step(want, [batches[r] for r in ranks], torch.optim.SGD, steps=1)
+        for r in ranks:
+            got = trace.results[r]
+            for name, p in want.named_parameters():
+                torch.testing.assert_close(got[name], p, atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")
+    scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
+    assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
+    assert {e.module for e in scatters} == {"FSDPSequential.0", "FSDPSequential.2"}
