@@ -3,10 +3,12 @@
 Every tensor an operator returns under the recorder is looked at once per storage: its bytes are
 added to the ranks that hold it (a LocalTensor's ranks, or every rank for a plain tensor in the
 simulation, or the recording rank on a real process) and a finalizer takes them off again when
-the storage dies. What the recorder keeps is not counted: its snapshots are copies made where no
-operator is seen, never aliases of the program's buffers, so the count is the same whatever the
-value policy; FakeTensors (no memory) are skipped. Storages that change size in place (FSDP2 frees and refills its unsharded
+the storage dies. Storages that change size in place (FSDP2 frees and refills its unsharded
 parameters that way) are re-read when an operator returns them or when FSDP resizes them.
+
+What the recorder keeps is not counted: its snapshots are copies made where no operator is seen,
+never aliases of the program's buffers, so the count is the same whatever the value policy.
+FakeTensors (DTensor's sharding propagation makes some) hold no memory and are skipped.
 
 A sample of the running totals is taken as each event starts; the peak is kept between samples.
 The result is a plain ``shardviz.memory.MemoryTimeline``.
@@ -176,7 +178,8 @@ class MemoryRecorder(Recorder):
     def __init__(self, *args: Any, memory: Any = True, **kwargs: Any) -> None:
         # Snapshots are copied, never aliased: an alias would keep a buffer the program dropped
         # alive, and the count would then depend on the value policy.
-        super().__init__(*args, alias_buffers=False, **kwargs)
+        kwargs["alias_buffers"] = False
+        super().__init__(*args, **kwargs)
         self.tracker = StorageTracker(self.world_size, self.rank)
         if memory is not True:
             self.tracker.add_objects(memory)

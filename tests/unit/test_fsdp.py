@@ -186,7 +186,7 @@ def test_fsdp_in_a_threaded_run_trains_as_plain_torch():
         return {name: p.full_tensor() for name, p in model.named_parameters()}
 
     trace = sv.run(stage, threads=2)
-    for thread, ranks in enumerate(((0, 1), (2, 3))):  # each thread's dp group trains on its batches
+    for ranks in ((0, 1), (2, 3)):  # each thread's dp group trains on its own batches
         want = copy.deepcopy(plain)
         plain_step(want, [batches[r] for r in ranks], torch.optim.SGD, steps=1)
         for r in ranks:
