@@ -1059,6 +1059,7 @@ class ThreadedP2P:
             self._local.thread = t
             cond = cond_box[0]
             self._await_turn(t)
+            self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
                 with LocalTensorMode(self.world_size):
                     try:
@@ -1072,7 +1073,12 @@ class ThreadedP2P:
                         # Keep this thread's mode (and the globals it patched) until all are done.
                         self.finished.add(t)
                         self.turn = self._next_runnable(t)
-                        if self.turn is None and self.waiting and self.error is None:
+                        if (
+                            self.turn is None
+                            and self.waiting
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             # the rest wait for messages that no running thread can send
                             blocked = {u: w[1] for u, w in self.waiting.items()}
                             self.error = P2PStuck(self._deadlock_text(blocked))
