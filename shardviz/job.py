@@ -124,6 +124,7 @@ class JobRecording:
         self._final = False  # a last write happened: no background write may replace it
         self._stopped = False  # stop() ran: everything start() installed is given back
         self._signal = ""  # "SIGTERM" once one came (the process may live on: a handler of its own)
+        self._ended_by_signal = False  # the program's own SIGTERM handler raised (sys.exit)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending: dict[str, Any] | None = None
@@ -232,8 +233,9 @@ class JobRecording:
                         trace = self._snapshot()
                     how = "error" if error is not None or self._error else "finished"
                     if isinstance(error, SystemExit):
-                        # after a SIGTERM, most likely its handler's sys.exit()
-                        how = "signal" if self._signal else "exit"
+                        how = "exit"
+                    if self._ended_by_signal:
+                        how = "signal"  # the program's SIGTERM handler raised (sys.exit)
                     self.trace = self._finish_trace(trace, how, error, sig=self._signal)
                     self._write(self.trace)
                     self._final = True
@@ -461,7 +463,11 @@ class JobRecording:
                 self._final = True
         self._restore_signals(close=False)  # the sockets stay open for the background thread
         if callable(prev):
-            prev(signum, frame)
+            try:
+                prev(signum, frame)
+            except BaseException:
+                self._ended_by_signal = True  # sys.exit() in the handler: the file says SIGTERM
+                raise
         elif prev == signal.SIG_DFL:
             os.kill(os.getpid(), signal.SIGTERM)  # the default handler is back: exit as it would
 

@@ -103,6 +103,21 @@ def test_a_sigterm_the_process_survives_leaves_nothing_behind(rank0, tmp_path):
     assert [e.outputs[0].values.tolist() for e in final.collectives()] == [[1.0, 1.0], [1.0, 1.0]]
 
 
+def test_a_sigterm_handler_that_exits_ends_the_recording_as_a_signal(rank0, tmp_path):
+    def leave(signum: int, frame: Any) -> None:
+        sys.exit(3)  # what many training scripts do on SIGTERM (after a checkpoint)
+
+    signal.signal(signal.SIGTERM, leave)
+    before = installed()
+    with pytest.raises(SystemExit), sv.record_job(tmp_path, values="all") as rec:
+        dist.all_reduce(torch.ones(2))
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_for(lambda: False, "SystemExit from the handler", timeout=5)
+    assert installed() == before
+    final = sv.load(rec.path)
+    assert final.meta["status"]["how"] == "signal" and len(final.collectives()) == 1
+
+
 def test_a_failure_while_starting_leaves_nothing_behind(rank0, tmp_path):
     # A folder whose rank file fits in PATH_MAX (4096) but whose temporary file does not.
     folder = tmp_path
