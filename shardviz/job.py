@@ -129,8 +129,8 @@ class JobRecording:
         self._thread: threading.Thread | None = None
         self._pending: dict[str, Any] | None = None
         self._entered = 0
-        self._version = 0  # bumped by every collective: the background writer writes on change
-        self._written_version = -1
+        self._version = 0  # bumped as each collective is entered and left
+        self._written: tuple[int, int] = (-1, -1)  # the _progress() the file shows
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._wake_given_back = False
         self._forward_fd: int | None = None  # the wakeup fd someone else (asyncio) had set
@@ -346,14 +346,19 @@ class JobRecording:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
+    def _progress(self) -> tuple[int, int]:
+        """What the file would show changes with this: collectives entered and left, events the
+        recorder completed (a collective's own event is complete only after it was left)."""
+        return self._version, self._recorder.ended
+
     def _write_partial(self, how: str, sig: str = "") -> None:
         with self._lock:
             if self._final:
                 return
-            version = self._version
+            progress = self._progress()
             trace = self._finish_trace(self._snapshot(), how, sig=sig)
             self._write(trace)
-            self._written_version = version
+            self._written = progress
 
     def _watch(self) -> None:
         """The background writer: rewrites the file when something changed (at most every
@@ -383,7 +388,7 @@ class JobRecording:
             if got and signal.SIGTERM in got:
                 self._terminated_from_thread()
                 continue
-            if self._version != self._written_version and time.monotonic() - last >= interval:
+            if self._progress() != self._written and time.monotonic() - last >= interval:
                 t0 = time.monotonic()
                 with contextlib.suppress(Exception):
                     self._write_partial("running")

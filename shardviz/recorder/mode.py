@@ -82,6 +82,7 @@ class Recorder(_torch.DebugMode):
             values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
         )
         self._slots: list[Event | None] = []
+        self.ended = 0  # events completed so far: what ``partial`` shows changes with it
         self._stack: list[_redistribute.OpenRedistribute] = []  # redistributes entered, not left
         self._has_children: set[int] = set()
         self._current_op: int | None = None
@@ -139,14 +140,16 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         source, module, phase, _ = self._context()
         self._note_mesh(dt.device_mesh)
-        self._slots[eid] = OpEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=name,
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=name,
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
 
     def _on_get_rank(self, caller: FrameType) -> None:
@@ -180,14 +183,16 @@ class Recorder(_torch.DebugMode):
         snaps_in = self.snaps.take(inputs, ranks, eid, alias=not written(func)) if inputs else {}
         out = func(*args, **kwargs)
         self._track(out)
-        self._slots[eid] = LocalEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            inputs=snaps_in,
-            outputs=self.snaps.take(out, ranks, eid),
+        self._end(
+            LocalEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                inputs=snaps_in,
+                outputs=self.snaps.take(out, ranks, eid),
+            )
         )
         return out
 
@@ -268,7 +273,7 @@ class Recorder(_torch.DebugMode):
     def close_redistribute(self, opened: _redistribute.OpenRedistribute) -> None:
         popped = self._stack.pop()
         assert popped is opened, "redistributes close in the order they opened"
-        self._slots[opened.id] = opened.event()
+        self._end(opened.event())
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -290,6 +295,11 @@ class Recorder(_torch.DebugMode):
     def _reserve(self) -> int:
         self._slots.append(None)
         return len(self._slots) - 1
+
+    def _end(self, event: Event) -> None:
+        """An event begun with ``_reserve`` is complete."""
+        self._slots[event.id] = event
+        self.ended += 1
 
     def _parent(self, in_dispatch: bool) -> int | None:
         if self._stack:
@@ -322,15 +332,17 @@ class Recorder(_torch.DebugMode):
             _torch.TorchDispatchMode.__exit__(self, None, None, None)
             self._in_dtensor_op = False
         outputs = tuple(_torch.placements_str(o.placements) for o in flatten(out) if _torch.is_dtensor(o))
-        self._slots[eid] = OpEvent(
-            id=eid,
-            parent=None,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                parent=None,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
         return out
 
@@ -421,7 +433,7 @@ class Recorder(_torch.DebugMode):
         desc = self._desc(gkey, group)
         if parent is not None:
             self._has_children.add(parent)
-        event = self._slots[eid] = CollectiveEvent(
+        event = CollectiveEvent(
             id=eid,
             parent=parent,
             source=source,
@@ -438,6 +450,7 @@ class Recorder(_torch.DebugMode):
             params=params(bound, spec),
         )
         self._group_desc[id(event)] = desc
+        self._end(event)
         return out
 
     # --- groups and meshes -------------------------------------------------------------------
