@@ -401,7 +401,8 @@ class JobRecording:
     # again) and by the background thread, which learns of it through the signal wakeup fd even
     # while the main thread is stuck inside gloo or NCCL. Only one process-wide wakeup fd exists;
     # when someone else holds it (asyncio's event loop does), the background thread takes it and
-    # passes every byte on to theirs, so both keep working.
+    # passes every byte on to theirs, so both keep working. One set after the recording started
+    # replaces ours unseen (only the main thread may ask): SIGTERM then waits for the main thread.
 
     def _install_signals(self) -> None:
         lost = "a SIGTERM (what torchrun sends the other ranks when one dies) will not write this rank's file"
