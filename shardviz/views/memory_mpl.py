@@ -3,13 +3,11 @@ same curve, each peak marked."""
 
 from __future__ import annotations
 
-from matplotlib.figure import Figure
-
 from ..memory import MemoryTimeline
 from ..model import short_bytes
 from .geometry import rank_list
 from .memory_svg import MAX_LINES, curves
-from .mpl import literal_text
+from .mpl import Figure, literal_text
 
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
 

@@ -17,7 +17,7 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure as _MplFigure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from .. import describe
@@ -29,6 +29,21 @@ _HATCH = {"solid": None, "diagonal": "///", "dots": "..", "cross": "++"}
 _VIRIDIS = ListedColormap(
     ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 ).resampled(256)
+
+
+class Figure(_MplFigure):
+    """A matplotlib Figure that shows itself as a PNG in a notebook.
+
+    IPython draws a bare Figure as a picture only when the inline backend registered its
+    formatter (``%matplotlib inline``, or importing pyplot); shardviz never imports pyplot, so
+    without this ``sv.plot(...)`` as a cell's last expression showed only ``<Figure size ...>``.
+    Where the inline formatter is registered it takes precedence (one picture either way), and a
+    plain script's backend is left alone.
+    """
+
+    def _repr_png_(self) -> bytes:
+        return to_png(self, dpi=int(self.dpi))
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

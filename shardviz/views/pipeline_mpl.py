@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .mpl import literal_text
+from .mpl import Figure, literal_text
 
 _COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
 
