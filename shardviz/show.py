@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
 _VIEW_OPTIONS = ("dims", "index", "heatmap", "title", "group")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
-_PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
+_PLAYER_OPTIONS = ("step", "link", "local_steps", "title", "filter")
 _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 

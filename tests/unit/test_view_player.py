@@ -193,7 +193,10 @@ def test_1000_event_trace_keeps_the_synced_state_small():
     size = len(json.dumps({k: getattr(w, k) for k in ("timeline", "info", "step", "link")}))
     print(f"1,000-event trace: synced state {size} bytes (ESM {len(w._esm)} bytes, sent once)")
     assert size < 40_000
-    assert len(w.timeline["steps"]) == 1000 and len(w.timeline["strings"]) == 2
+    # two labels and one mesh dim (the filter's), each sent once; the rows' mesh dims are one run
+    assert len(w.timeline["steps"]) == 1000 and len(w.timeline["strings"]) == 3
+    assert w.timeline["dims"] == [w.timeline["strings"].index("dim 0"), 1000]
+    assert w.timeline["module"] == [-1, 1000]
 
 
 # ---- driving the step -------------------------------------------------------------------------------
