@@ -40,6 +40,19 @@ function html(tag, attrs = {}, parent = null, text = null) {
   return node;
 }
 
+// Run `fn` when the value of a text or number box is committed: on change, and on Enter, which
+// is kept from the notebook (JupyterLab's command mode takes Enter to edit the cell and cancels
+// the box's own commit, so Enter did nothing).
+function onCommit(input, fn) {
+  input.addEventListener("change", () => fn());
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Enter") return;
+    ev.preventDefault();
+    ev.stopPropagation();
+    fn();
+  });
+}
+
 function rankList(ranks) {
   const rs = [...ranks].sort((a, b) => a - b);
   const out = [];
@@ -331,6 +344,8 @@ function diagonalStripes(w, h, k) {
 // The drawn slice of the global tensor, each block coloured by its owner(s), into `box`.
 // opts: rd, cd, idx (view dims and slider positions), uid, fillFor, addRegion(node, rank), px.
 // Returns what the layout view needs to overlay a heat-map and an outline.
+const TICK_CHAR_PX = 6; // width of a digit of a tick label (.sv-tick, 9 px), generously
+
 function drawTensorGrid(geo, box, opts) {
   const { rd, cd, idx, uid, fillFor } = opts;
   const addRegion = opts.addRegion || ((node, rank) => node.setAttribute("data-rank", String(rank)));
@@ -344,7 +359,9 @@ function drawTensorGrid(geo, box, opts) {
   const h = Math.max(nrows * cell, 28);
   const sx = w / ncols;
   const sy = h / nrows;
-  const padL = rd === null ? 8 : 34;
+  // room for the rotated axis title and the widest row tick (4-digit rows of a big tensor too)
+  const tickChars = rd === null ? 0 : Math.max(...res.rcuts.map((c) => String(c).length));
+  const padL = rd === null ? 8 : Math.max(34, 22 + TICK_CHAR_PX * tickChars);
   const padT = 28;
   const padR = 18;
   const wrap = html("div", { class: "sv-tensor-wrap", style: `width:${w + padL + padR}px;height:${h + padT + 4}px` }, box);

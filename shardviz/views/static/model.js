@@ -103,7 +103,7 @@ function render({ model, el, experimental }) {
     const input = html("input", { type: "number", min: 0, max: s.world_size - 1, "data-control": "rank", class: "sv-goto", placeholder: "max" }, lab);
     const r = model.get("rank");
     if (r >= 0) input.value = String(r);
-    input.addEventListener("change", () => {
+    onCommit(input, () => {
       const v = input.value === "" ? -1 : Number(input.value);
       if (v === -1 || (Number.isInteger(v) && v >= 0 && v < s.world_size)) setTrait("rank", v);
     });

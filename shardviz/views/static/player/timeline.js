@@ -188,9 +188,8 @@ function drawFilter(p) {
     const dl = html("datalist", { id: listId }, filterBox);
     for (const m of modules.slice(0, 500)) html("option", { value: m }, dl);
     input.value = flt.module || "";
-    input.addEventListener("change", () => set("module", input.value.trim()));
-    input.addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter") set("module", input.value.trim());
+    onCommit(input, () => {
+      if ((currentFilter(p).module || "") !== input.value.trim()) set("module", input.value.trim());
     });
   }
   const dims = [
