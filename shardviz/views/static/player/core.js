@@ -43,6 +43,7 @@ function makePlayer({ model, el, experimental }) {
     quiet: new Set(), // timeline rows folded unless the filter asks for all operators
     rowModule: [], // per timeline row: its module (a string id) and its mesh dims (steps.py:rle)
     rowDims: [],
+    shownCurrent: -1, // the timeline row the filter last kept shown as the current one
     filterCount: null,
     slider: null,
     stepLabel: null,

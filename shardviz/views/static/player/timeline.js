@@ -131,7 +131,12 @@ function markTimeline(p) {
   const i = tl.steps[stepNow(p)];
   const row = rows[i];
   if (!row) return;
-  if (row.hidden) applyFilter(p);
+  // the filter keeps the current row shown: re-apply it when the row moved, or a row shown only
+  // because it was current stays
+  if (row.hidden || p.shownCurrent !== i) {
+    p.shownCurrent = i;
+    applyFilter(p);
+  }
   row.classList.add("sv-row-current");
   // the enclosing rows (redistribute, operator, module) stay visible as context
   for (let j = i - 1, d = tl.depth[i]; j >= 0 && d > 0; j--) {
