@@ -86,6 +86,42 @@ def _fill(
         ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch=hatch, edgecolor=ink, lw=0, gid="pattern"))
 
 
+def _value_cells(
+    layout: Layout,
+    values: Mapping[int, np.ndarray],
+    rd: int | None,
+    cd: int | None,
+    idx: tuple[int, ...],
+    nrows: int,
+    ncols: int,
+    px: float,
+    py: float,
+) -> tuple[list[tuple[int, int, str]], float] | None:
+    """(row, column, text) of every drawn element and the font size (points) that fits them, or
+    None when the cells are too small to print into (then the blocks keep their rank labels)."""
+    from .flow_mpl import fmt_cell
+
+    if nrows * ncols > 400 or px < 14 or py < 9:
+        return None
+    try:
+        glob = np.asarray(g.global_values(layout, values))
+    except (KeyError, ValueError, IndexError):
+        return None
+    shape = layout.global_shape
+    sl = tuple(slice(None) if d in (rd, cd) else idx[d] for d in range(len(shape)))
+    img = glob[sl] if shape else glob.reshape(1, 1)
+    img = img.reshape(nrows, ncols) if (rd is None or cd is None) else img
+    if rd is not None and cd is not None and rd > cd:
+        img = img.T
+    for digits in (4, 3, 2):
+        texts = [(i, j, fmt_cell(img[i, j], digits)) for i in range(nrows) for j in range(ncols)]
+        longest = max(len(t) for _, _, t in texts)
+        size = min(9.0, py * 0.55, (px - 2) / (0.62 * longest))
+        if size >= 6:
+            return texts, size
+    return None
+
+
 def _stripes(w: float, h: float, k: int) -> list[tuple[int, list[tuple[float, float]]]]:
     """Diagonal stripes over a w x h block for k owners, in order: (owner index, polygon), the
     block cut by the lines u + v = const, stripe m going to owner m mod k (common.js
@@ -287,6 +323,10 @@ def _draw_tensor(
         for b in blocks
         if len(b.owners) == 1
     )
+    # Values in the cells where they fit (the colours and the legend still say who holds what).
+    cells = (
+        _value_cells(layout, values, rd, cd, idx, nrows, ncols, px, py) if values and not heatmap else None
+    )
     for b in blocks:
         x, y, w, h = b.col0, b.row0, b.col1 - b.col0, b.row1 - b.row0
         if not b.owners:
@@ -318,7 +358,7 @@ def _draw_tensor(
         if partial and not heatmap:
             _partial(ax, x, y, w, h)
         ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="white", lw=1.2, gid="edge"))
-        if heatmap or (len(b.owners) == 1 and not label_all):
+        if heatmap or cells is not None or (len(b.owners) == 1 and not label_all):
             continue
         if len(b.owners) == 1:
             label = f"r{b.owners[0]}"
@@ -346,6 +386,20 @@ def _draw_tensor(
                 color=ink,
                 family="monospace",
                 bbox=bbox_,
+            )
+    if cells is not None:
+        texts, size = cells
+        for i, j, t in texts:
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                t,
+                ha="center",
+                va="center",
+                fontsize=size,
+                family="monospace",
+                gid="value",
+                bbox={"facecolor": "white", "alpha": 0.55, "lw": 0, "pad": 0.6},
             )
     ax.add_patch(Rectangle((0, 0), ncols, nrows, fill=False, edgecolor="#333333", lw=1, gid="frame"))
     rcuts = sorted({b.row0 for b in blocks} | {nrows})

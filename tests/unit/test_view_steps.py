@@ -20,6 +20,7 @@ import torch.nn as nn
 import traitlets
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
@@ -347,3 +348,16 @@ def test_pipeline_pictures_share_one_palette():
         assert f'fill="{COLOURS[k]}"' in svg
     assert all(line in svg for line in LEGEND)
     assert "\n".join(LEGEND) in [x.get_text() for x in fig.texts]
+
+
+def test_a_layout_picture_prints_the_values_where_they_fit():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 2))
+        dt = distribute_tensor(torch.arange(35.0).reshape(5, 7), mesh, [Shard(0), Replicate()])
+    fig = sv.plot(dt)
+    texts = [(t.get_position(), t.get_text()) for t in fig.axes[0].texts if t.get_gid() == "value"]
+    # element (i, j) of the global tensor, 7 i + j, in the middle of its cell
+    assert sorted(texts) == sorted(((j + 0.5, i + 0.5), str(7 * i + j)) for i in range(5) for j in range(7))
+    big = sv.plot(sv.layout((64, 64), (4,), ["S(0)"]), values={r: np.ones((16, 64)) for r in range(4)})
+    assert not [t for t in big.axes[0].texts if t.get_gid() == "value"]  # too small to print into
