@@ -256,6 +256,9 @@ def test_send_and_recv_are_drawn_from_source_to_destination():
     assert recv["notes"][0] == "point-to-point recv: rank 1 receives the whole buffer rank 0 sent (step 1)"
     assert recv["check"]["ok"] and recv["check"]["checked"]
     assert send["check"]["note"] == "checked at the matching recv, where the data arrives"
+    # the text names source and destination too (the recorded root is the peer's index)
+    assert send["label"].startswith("send 0->1 ") and recv["label"].startswith("recv 0->1 ")
+    assert str(t).split("\n")[1].startswith("#0 send 0->1 groups [0,1]")
 
 
 # ---- the matplotlib pictures ----------------------------------------------------------------------
