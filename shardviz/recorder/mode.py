@@ -84,7 +84,6 @@ class Recorder(_torch.DebugMode):
         self._in_dtensor_op = False
         self._meshes: dict[int, tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...]]] = {}
         self._group_desc: dict[int, str] = {}  # by id() of the event
-        self._default_group: set[int] = set()  # raw dist.* calls on the default group, by id()
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
 
@@ -441,7 +440,8 @@ class Recorder(_torch.DebugMode):
         )
         self._group_desc[id(event)] = desc
         if raw and _torch.is_default_group(group):
-            self._default_group.add(id(event))
+            # on the default group straight from user code: no mesh dim (merges keep it so too)
+            event.params[_mesh.DEFAULT_GROUP] = True
         return out
 
     # --- groups and meshes -------------------------------------------------------------------
@@ -551,7 +551,7 @@ class Recorder(_torch.DebugMode):
                 hit = dims.get(key)
                 if hit is None:
                     hit = dims[key] = mesh_dim(e.groups, desc, own, generation)
-                dim, name = hit if id(e) not in self._default_group else (None, None)
+                dim, name = hit if not e.params.get(_mesh.DEFAULT_GROUP) else (None, None)
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept

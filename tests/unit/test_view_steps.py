@@ -364,3 +364,39 @@ def test_a_layout_picture_prints_the_values_where_they_fit():
     assert sorted(texts) == sorted(((j + 0.5, i + 0.5), str(7 * i + j)) for i in range(5) for j in range(7))
     big = sv.plot(sv.layout((64, 64), (4,), ["S(0)"]), values={r: np.ones((16, 64)) for r in range(4)})
     assert not [t for t in big.axes[0].texts if t.get_gid() == "value"]  # too small to print into
+
+
+def test_merged_ranks_keep_a_raw_call_off_the_worlds_mesh_dim():
+    """On real ranks each rank records its own event and the merge finds the mesh dim from the
+    merged groups: a raw call on the default group must not gain the world mesh's dim there."""
+    from shardviz.merge import merge
+    from shardviz.trace import CollectiveEvent, TensorSnapshot, Trace
+
+    world = {"mesh_shape": [4], "mesh_dim_names": ["tp"], "ranks": [0, 1, 2, 3]}
+
+    def ranks(params):
+        out = {}
+        for r in range(4):
+            t = Trace(4, "rank", "all")
+            one = TensorSnapshot((1,), "float32", np.array([float(r)], dtype=np.float32))
+            t.events = [
+                CollectiveEvent(
+                    id=0,
+                    op="all_reduce",
+                    impl="c10d.allreduce_",
+                    reduce_op="sum",
+                    groups=((0, 1, 2, 3),),
+                    inputs={r: one},
+                    outputs={r: one},
+                    nbytes={r: 4},
+                    params=dict(params),
+                )
+            ]
+            t.meshes = [world]
+            out[r] = t
+        return out
+
+    raw = merge(ranks({"default_group": True}), "gloo").events[0]
+    assert (raw.mesh_dim, raw.mesh_dim_name) == (None, None)
+    on_mesh = merge(ranks({}), "gloo").events[0]  # DTensor's own call on the same group
+    assert (on_mesh.mesh_dim, on_mesh.mesh_dim_name) == (0, "tp")
