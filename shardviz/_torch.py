@@ -1059,7 +1059,9 @@ def _compare_per_rank(name: str, original: Any) -> Any:
                     "or pick a different number on each rank; one answer for all of them would be "
                     "silently wrong. Write rank-dependent values as tensors (torch.where on "
                     "sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
-                    "rank), or run this code on real process groups: sv.use('gloo', world_size=N)."
+                    "rank), or run this code with one thread per rank, where each rank has plain "
+                    "ints: sv.use('threads', world_size=N) (or on real process groups: "
+                    "sv.use('gloo', world_size=N))."
                 )
         return original(self, other)
 
