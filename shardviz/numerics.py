@@ -198,12 +198,16 @@ class Disagreement:
     values: tuple[np.ndarray, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
-        from_first = ", ".join(
-            f"ranks {_ranks(g)}" if len(g) > 1 else f"rank {g[0]}" for g in self.groups[1:]
-        )
-        head = f"ranks {_ranks(self.groups[0])}" if len(self.groups[0]) > 1 else f"rank {self.groups[0][0]}"
+        def who(g: tuple[int, ...]) -> str:
+            return f"ranks {_ranks(g)}" if len(g) > 1 else f"rank {g[0]}"
+
+        others = self.groups[1:]
+        verb = "differs" if len(others) == 1 and len(others[0]) == 1 else "differ"
         at = f" at {list(self.index)}" if self.index else ""
-        return f"{self.scope}: {from_first} differ from {head} (max abs {_num(self.max_abs)}{at})"
+        return (
+            f"{self.scope}: {', '.join(who(g) for g in others)} {verb} from {who(self.groups[0])} "
+            f"(max abs {_num(self.max_abs)}{at})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +489,10 @@ def axes(layouts: Iterable[Layout]) -> list[Axis]:
                 groups += [tuple(r for _, r in sorted(line)) for line in lines.values()]
             add(names[m] if names else f"mesh dim {m}", tuple(groups))
         if len(shape) > 1:
-            add("x".join(names) if names else "whole mesh", tuple(tuple(inst) for inst in instances))
+            add(
+                f"({', '.join(names)})" if names else "the whole mesh",
+                tuple(tuple(inst) for inst in instances),
+            )
     return out
 
 
