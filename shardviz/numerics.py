@@ -978,6 +978,7 @@ def compare(
         tuple(rows),
         parallel.world_size,
         tolerance,
+        parallel.trace,
     )
 
 
@@ -1056,6 +1057,8 @@ class NumericsReport:
     rows: tuple[DiffRow, ...]
     world_size: int
     tolerance: ToleranceSpec = None
+    # The parallel run's Trace (event ids in the rows are its ids): sv.play(report.trace, step=...).
+    trace: Any = field(default=None, repr=False, compare=False)
 
     @property
     def differences(self) -> list[DiffRow]:
@@ -1234,7 +1237,7 @@ def describe_row(row: DiffRow, lead: str = "") -> list[str]:
         if row.where():
             lines.append(f"  differs in {row.where()}")
         if row.ranks:
-            lines.append(f"  held by ranks {_ranks(row.ranks)}")
+            lines.append(f"  held by rank{'s' if len(row.ranks) > 1 else ''} {_ranks(row.ranks)}")
     lines += [f"  {d}" for d in row.disagreements]
     lines += [f"  in the reference: {d}" for d in row.reference_disagreements]
     if row.layout is not None:
