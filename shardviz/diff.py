@@ -12,7 +12,6 @@ redistributes just before the first difference.
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from .numerics import (
     merge_raw,
 )
 from .numerics_capture import DEFAULT_BUDGET
-from .trace import DEFAULT_VALUE_BUDGET, Trace
+from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
 
 
 def numerics(
@@ -266,7 +265,7 @@ def _parallel_step(
     return merge_raw(raws), trace
 
 
-def event_notes(trace: Trace, caller: tuple[str, int] | None = None) -> dict[int, EventNote]:
+def event_notes(trace: Trace, caller: Source | None = None) -> dict[int, EventNote]:
     """The trace's collectives and redistributes in words, for the report: what each is, the
     module and phase it ran in, and the user's line — unless that is only the ``sv.diff`` call
     (``caller``), as it is for a model whose code lives in an installed library."""
@@ -279,21 +278,17 @@ def event_notes(trace: Trace, caller: tuple[str, int] | None = None) -> dict[int
         if where:
             text += f" {where}"
         src = e.source
-        if src is not None and src.text and (src.file, src.line) != caller:
+        if src is not None and src.text and src != caller:
             text += f"  <- {src.text}"
         out[e.id] = EventNote(e.id, e.kind, text, numerics_capture.strip_root(e.module), e.phase, e.parent)
     return out
 
 
-_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+def _caller() -> Source | None:
+    """The user's line that called into shardviz, as the recorder writes an event's source."""
+    from .recorder import frames
 
-
-def _caller() -> tuple[str, int] | None:
-    """(file, line) of the user's call into shardviz: the innermost frame outside the package."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIR):
-        frame = frame.f_back  # type: ignore[assignment]
-    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else None
+    return frames.source(frames.user_frame(sys._getframe(1))[0])
 
 
 def _name(fn: Any) -> str:

@@ -70,8 +70,9 @@ def test_clean_runs_of_the_example_llama_report_nothing(llama, plan):
             assert (module, what) in whats, (name, what)
     assert report.row("Transformer", "loss").status == "ok"
     # Sequence-parallel activations (plain local tensors of (2, 4, 64)) were laid out along dim 1.
-    norm_in = report.row("Transformer.layers.0.attention_norm", "output")
-    assert norm_in.layout is not None and norm_in.layout.placements == ("S(1)",)
+    block = report.row("Transformer.layers.0", "output")
+    assert block.inferred and block.layout is not None and block.layout.placements == ("S(1)",)
+    assert block.layout.mesh_dim_names == ("tp",)
 
 
 def partial_w2(model: nn.Module) -> nn.Module:
