@@ -12,6 +12,9 @@ TORCH  ?= torch==2.13.0
 TORCH_NEWEST ?= torch==2.15.0
 COMPAT_VENV  ?= .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
+# torchtitan for tests/titan (its own code on simulated ranks): installed without its declared
+# dependencies, which would pull in another torch; the `titan` extra has what its imports need.
+TORCHTITAN ?= torchtitan==0.3.0
 PYTEST_ARGS ?=
 NODE_STAMP := node_modules/.installed
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -28,6 +31,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		&& echo "torch already installed: keeping it" \
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
+	$(BIN)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
 	@touch $@
 
 demo: setup
@@ -43,16 +47,17 @@ test: lint
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
-# The unit tests and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
+# The unit tests, torchtitan's and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
-	$(COMPAT_VENV)/bin/python -m pytest tests/unit notebooks $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan notebooks $(PYTEST_ARGS)
 
 $(COMPAT_STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(COMPAT_VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	@echo "installing $(TORCH_NEWEST) into $(COMPAT_VENV) (a CUDA build from PyPI: ~3 GB to download)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off "$(TORCH_NEWEST)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 

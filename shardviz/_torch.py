@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from .errors import PerRankValueError
 from .mesh import MeshInfo
 from .placement import Placement
 
@@ -582,12 +583,46 @@ def reduce_op_name(op: Any) -> str:
     return str(getattr(kind, "name", kind)).split(".")[-1]
 
 
+# The factor of each ReduceOp.PREMUL_SUM collective being called (innermost last). torch 2.13
+# cannot read it back from the boxed ReduceOp a c10d op receives (it has no ``ReduceOp.unbox``), so
+# ``premul_sum_factors`` keeps it from the Python call while the simulation runs.
+_premul_factors: list[Any] = []
+# dist functions that take a ReduceOp: the position of their ``op`` argument.
+_REDUCE_OP_ARG = {"all_reduce": 1, "reduce_scatter_tensor": 2, "reduce_scatter_single": 2}
+
+
+def premul_factor(op: Any) -> Any:
+    """The factor of a ReduceOp.PREMUL_SUM, boxed (as c10d ops receive it) or plain: a float, or
+    a one-element tensor's value."""
+    if isinstance(op, torch.ScriptObject):
+        unbox = getattr(dist.ReduceOp, "unbox", None)
+        if unbox is None:
+            if not _premul_factors:
+                raise NotImplementedError(
+                    "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
+                    f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
+                    f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
+                    "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
+                )
+            return _premul_factors[-1]
+        op = unbox(op)
+    factor = op.factor
+    if isinstance(factor, torch.Tensor) and factor.numel() == 1:
+        return factor.item()
+    return factor
+
+
 def symint_at_rank(value: Any, rank: int) -> int:
-    """One rank's value of a per-rank SymInt made by LocalTensorMode (a plain int elsewhere)."""
+    """One rank's value of a per-rank SymInt made by LocalTensorMode (a plain int elsewhere). A
+    SymInt every rank agrees on (a coordinate on a size-1 mesh dim) holds a ConstantIntNode, which
+    ``int()`` cannot read: its value is taken as it is."""
     node = getattr(value, "node", None)
     local = getattr(node, "_local_ints", None)
     if local is not None:
         return int(local[rank])
+    constant = node.maybe_as_int() if node is not None and hasattr(node, "maybe_as_int") else None
+    if constant is not None:
+        return int(constant)
     return int(value)
 
 
@@ -690,17 +725,17 @@ def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
 
 
 class UserCallWatch:
-    """Call back around ``DTensor.to_local``, ``DTensor.from_local`` and ``dist.get_rank`` while a
-    simulation is recorded: they are Python calls, not dispatched ops, so a dispatch mode cannot see
-    them. Each callback gets the calling frame, to tell user code from torch's own calls.
+    """Call back around ``DTensor.to_local`` and ``DTensor.from_local`` while a simulation is
+    recorded: they are Python calls, not dispatched ops, so a dispatch mode cannot see them. Each
+    callback gets the calling frame, to tell user code from torch's own calls.
 
     While any recording runs, DTensor's redistribute plan strings are also memoised: DTensor
     formats one for every redistribute it reports to a DebugMode, and in a loop it is the same
     string every time. The wrappers are made once and installed while a watch is open.
     """
 
-    def __init__(self, on_to_local: Any, on_from_local: Any, on_get_rank: Any) -> None:
-        self.callbacks = (on_to_local, on_from_local, on_get_rank)
+    def __init__(self, on_to_local: Any, on_from_local: Any) -> None:
+        self.callbacks = (on_to_local, on_from_local)
 
     def __enter__(self) -> None:
         if not _watches:
@@ -713,7 +748,7 @@ class UserCallWatch:
             _swap_watch("original")
 
 
-_watches: list[tuple[Any, Any, Any]] = []
+_watches: list[tuple[Any, Any]] = []
 _watch_originals: dict[str, Any] = {}
 
 
@@ -724,20 +759,14 @@ def _swap_watch(which: str) -> None:
 
         _make_watch_wrappers(DTensorRedistributePlanner)
     w = _watch_originals[which]
-    if which == "wrapper":
-        # The get_rank underneath is whatever is in place now: from torch 2.14 on, LocalTensorMode
-        # has patched in its per-rank one when the recording opens, and restores the real one after.
-        _watch_originals["original"]["get_rank"] = dist.get_rank
     DTensor.to_local = w["to_local"]  # type: ignore[method-assign]
     DTensor.from_local = w["from_local"]  # type: ignore[method-assign]
-    dist.get_rank = w["get_rank"]
     _watch_originals["planner"].stringify_transform_infos = w["stringify"]
 
 
 def _make_watch_wrappers(planner: Any) -> None:
     orig_to_local = DTensor.to_local
     orig_from_local = DTensor.__dict__["from_local"]
-    orig_get_rank = dist.get_rank
     orig_stringify = planner.__dict__["stringify_transform_infos"]
     stringify = orig_stringify.__func__
     plans: dict[Any, str] = {}
@@ -745,22 +774,16 @@ def _make_watch_wrappers(planner: Any) -> None:
     @functools.wraps(orig_to_local)
     def to_local(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_to_local(self, *args, **kwargs)
-        for on_to_local, _, _ in list(_watches):
+        for on_to_local, _ in list(_watches):
             on_to_local(self, out, sys._getframe(1))
         return out
 
     @functools.wraps(orig_from_local.__func__)
     def from_local(*args: Any, **kwargs: Any) -> Any:
         out = orig_from_local.__func__(*args, **kwargs)
-        for _, on_from_local, _ in list(_watches):
+        for _, on_from_local in list(_watches):
             on_from_local(out, sys._getframe(1))
         return out
-
-    @functools.wraps(orig_get_rank)
-    def get_rank(*args: Any, **kwargs: Any) -> Any:
-        for _, _, on_get_rank in list(_watches):
-            on_get_rank(sys._getframe(1))
-        return _watch_originals["original"]["get_rank"](*args, **kwargs)
 
     @functools.wraps(stringify)
     def stringify_memo(
@@ -799,13 +822,11 @@ def _make_watch_wrappers(planner: Any) -> None:
         original={
             "to_local": orig_to_local,
             "from_local": orig_from_local,  # a staticmethod, as in the class
-            "get_rank": orig_get_rank,
             "stringify": orig_stringify,
         },
         wrapper={
             "to_local": to_local,
             "from_local": staticmethod(from_local),
-            "get_rank": get_rank,
             "stringify": staticmethod(stringify_memo),
         },
     )
@@ -959,6 +980,41 @@ def fsdp_in_simulation() -> Iterator[None]:
         fp.FSDPParam._init_sharded_param = saved[3]
 
 
+def _following_premul(name: str, original: Any) -> Any:
+    position = _REDUCE_OP_ARG[name]
+
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        op: Any = kwargs.get("op", args[position] if len(args) > position else None)
+        if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
+            return original(*args, **kwargs)
+        _premul_factors.append(op.factor)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _premul_factors.pop()
+
+    return call
+
+
+@contextlib.contextmanager
+def premul_sum_factors() -> Iterator[None]:
+    """While the simulation runs, remember the factor of each PREMUL_SUM collective called through
+    ``dist`` (FSDP2 with a gradient divide factor: ``reduce_scatter_single``) for the emulation
+    that reads it (see ``_premul_factors``)."""
+    if hasattr(dist.ReduceOp, "unbox"):
+        yield
+        return
+    saved = {name: getattr(dist, name) for name in _REDUCE_OP_ARG if hasattr(dist, name)}
+    for name, original in saved.items():
+        setattr(dist, name, _following_premul(name, original))
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+
+
 @contextlib.contextmanager
 def tracking_meshes() -> Iterator[None]:
     """Remember every DeviceMesh built while the simulation runs (sub-meshes too), so that its
@@ -975,6 +1031,123 @@ def tracking_meshes() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__ = original  # type: ignore[method-assign]
+
+
+# --- per-rank values in the simulation -------------------------------------------------------
+# In the lockstep simulation every rank runs each Python line at once, so a value that differs per
+# rank can only be a per-rank SymInt (a LocalIntNode). torch 2.14 returns one from dist.get_rank();
+# on 2.13 dist.get_rank() is 0 on every rank, and a process group's .rank() is 0 on every torch, so
+# code that offsets by the rank (a vocab-parallel embedding) would silently compute rank 0's part
+# on every rank. And a comparison the ranks disagree on (``if dist.get_rank() == 0:``) gives one
+# answer for all ranks. While the simulation runs, code outside torch (the user's, a library's)
+# gets the per-rank value, and a comparison of per-rank ints that the ranks disagree on raises
+# PerRankValueError; torch's own code keeps the answers it was written against.
+
+_THIS_FILE = os.path.abspath(__file__)
+# SymInt's Python operators, between the code that compares and the node's method.
+_SYMINT_PLUMBING = (
+    os.path.join(TORCH_DIR, "fx", "experimental", "sym_node.py"),
+    os.path.join(TORCH_DIR, "__init__.py"),
+)
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _called_from_torch(frame: FrameType | None) -> bool:
+    """Whether the code asking is torch's own (past this file and SymInt's operator plumbing)."""
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if fn != _THIS_FILE and fn not in _SYMINT_PLUMBING:
+            return fn.startswith(TORCH_DIR)
+        frame = frame.f_back
+    return True
+
+
+def group_rank_map(group: Any, ranks: Sequence[int]) -> dict[int, int]:
+    """Each simulated rank's rank in its own copy of ``group`` (every group that runs a collective
+    at once with it); -1 for a rank in none, as ``dist.get_rank(group)`` answers a non-member."""
+    if group is None or group is dist.GroupMember.WORLD:
+        return {r: r for r in ranks}
+    mine = {r: i for g in p2p_groups(group) for i, r in enumerate(g)}
+    return {r: mine.get(r, -1) for r in ranks}
+
+
+def per_rank_int(values: Mapping[int, int]) -> Any:
+    """A SymInt holding ``values[rank]`` on each simulated rank, as LocalTensorMode makes them."""
+    return torch.SymInt(LocalIntNode(dict(values)))
+
+
+def _rank_per_rank(original: Any) -> Any:
+    @functools.wraps(original)
+    def rank(*args: Any, **kwargs: Any) -> Any:
+        mode = active_local_mode()
+        if mode is None or _called_from_torch(sys._getframe(1)):
+            return original(*args, **kwargs)
+        group = args[0] if args else kwargs.get("group")
+        return per_rank_int(group_rank_map(group, sorted(mode.ranks)))
+
+    return rank
+
+
+def _int_on(value: Any, rank: int) -> int:
+    local = getattr(value, "_local_ints", None)
+    if local is not None:
+        return int(local[rank])
+    return int(getattr(value, "val", value))
+
+
+def _compare_per_rank(name: str, original: Any) -> Any:
+    symbol = _COMPARISONS[name]
+
+    @functools.wraps(original)
+    def compare(self: Any, other: Any) -> Any:
+        if not _called_from_torch(sys._getframe(1)):
+            per_rank = {
+                r: getattr(v, f"__{name}__")(_int_on(other, r)) for r, v in sorted(self._local_ints.items())
+            }
+            if len(set(per_rank.values())) > 1:
+                rhs = dict(getattr(other, "_local_ints", {})) or _int_on(other, 0)
+                raise PerRankValueError(
+                    f"a per-rank value is compared here ({dict(self._local_ints)} {symbol} {rhs}, "
+                    f"rank: value) and the simulated ranks disagree: {per_rank}. In the simulation "
+                    "every rank runs this Python line at once, so it cannot take a different branch "
+                    "or pick a different number on each rank; one answer for all of them would be "
+                    "silently wrong. Write rank-dependent values as tensors (torch.where on "
+                    "sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
+                    "rank), or run this code on real process groups: sv.use('gloo', world_size=N)."
+                )
+        return original(self, other)
+
+    return compare
+
+
+@contextlib.contextmanager
+def per_rank_values() -> Iterator[None]:
+    """While the simulation runs (entered inside its LocalTensorMode): ``dist.get_rank(group)`` and
+    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons of
+    per-rank ints that the ranks disagree on raise (see above). Put back when it ends."""
+    c10d = dist.distributed_c10d
+    saved: list[tuple[Any, str, Any]] = [(dist.ProcessGroup, "rank", dist.ProcessGroup.__dict__["rank"])]
+    patched: list[tuple[Any, str, Any]] = [
+        (dist.ProcessGroup, "rank", _rank_per_rank(dist.ProcessGroup.rank))
+    ]
+    # On every torch: 2.14's own per-rank get_rank(group) maps a strided group's ranks wrongly (the
+    # dp group [1, 5] of a (2, 4) mesh gives rank 1 the dp rank 1). Entered inside the mode, so
+    # that torch's own callers keep whatever the mode put in place.
+    wrapped = _rank_per_rank(dist.get_rank)
+    for owner in (dist, c10d):
+        saved.append((owner, "get_rank", owner.get_rank))
+        patched.append((owner, "get_rank", wrapped))
+    for name in _COMPARISONS:
+        original = LocalIntNode.__dict__[name]
+        saved.append((LocalIntNode, name, original))
+        patched.append((LocalIntNode, name, _compare_per_rank(name, original)))
+    for owner, name, value in patched:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
 
 
 def flight_recorder_dump(pickled: bool = False) -> bytes:

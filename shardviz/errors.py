@@ -15,6 +15,10 @@ class WorldSizeError(ShardvizError, ValueError):
     """A mesh or a simulation does not match the backend's world size."""
 
 
+class PerRankValueError(ShardvizError, RuntimeError):
+    """Python needs one answer (a branch, a number) from a value that differs per simulated rank."""
+
+
 class SimulationWarning(UserWarning):
     """Code that runs under the simulation but does not mean what it would on real ranks."""
 

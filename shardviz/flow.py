@@ -134,6 +134,8 @@ def predict(event: CollectiveEvent) -> dict[int, Buffer] | None:
     (non-roots of gather/reduce) are absent.
     """
     op, root, p = event.op, event.root, event.params
+    if event.reduce_op == "premul_sum":
+        return None  # the factor is not in the trace
     ins: dict[int, Buffer] = {}
     for r, s in event.inputs.items():
         v = _values(s)

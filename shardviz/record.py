@@ -65,8 +65,8 @@ def run(
 def per_rank(fn: Callable[[int], Any]) -> Any:
     """A tensor whose value on each rank is ``fn(rank)``: for rank-dependent code.
 
-    In the simulator Python cannot branch or index on ``dist.get_rank()`` (0 on every rank on
-    torch 2.13; from 2.14 a per-rank value that ``int()`` and list indexing refuse), so
+    In the simulator Python cannot branch or index on ``dist.get_rank()`` (a per-rank value that
+    ``int()``, list indexing and comparisons the ranks disagree on refuse), so
     ``x.chunk(n)[dist.get_rank()]`` does not give each rank its chunk;
     ``sv.per_rank(lambda r: x.chunk(n)[r])`` does. ``fn`` runs once per rank on plain tensors.
     """

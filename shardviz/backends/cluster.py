@@ -1,7 +1,8 @@
 """Real process groups from the notebook: gloo or NCCL ranks on ipyparallel engines.
 
 One engine per rank. ``sv.use("gloo", world_size=4)`` starts a local cluster (controller and engines
-on 127.0.0.1) and owns it: switching backend stops those engines, by PID. With ``profile=``,
+on 127.0.0.1) and owns it: switching backend stops those engines, by PID, and a watchdog process
+stops them if the kernel dies first (``watchdog.py``). With ``profile=``,
 ``profile_dir=`` or ``cluster_id=`` it attaches to a cluster started elsewhere (``ipcluster start``
 with the MPI, Slurm or SSH launchers, on several machines) and leaves its engines running.
 
@@ -14,6 +15,9 @@ While ranks run, the client watches them: a rank that raised, died, or finished 
 collective another rank is waiting in becomes one error naming the ranks, as soon as it is certain,
 instead of a hang until the process-group timeout. Ranks publish which collective they are entering
 *before* entering it (a rank blocked inside gloo cannot answer), so the error says where each was.
+A rank running Python past ``spin_limit`` without reaching a collective sends its stack: the
+notebook warns (``SpinningRankWarning``) and keeps waiting, or, with ``on_spin="interrupt"``, the
+rank stops itself with KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import sysconfig
 import tempfile
 import time
 import types
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -40,6 +45,7 @@ from ..errors import BackendError, ShardvizError
 from ..trace import DEFAULT_VALUE_BUDGET, Trace
 from . import rank as _rank
 from .base import check_world_size, draw, rank_tensor, refuse_record, refuse_simulation_options
+from .watchdog import Watchdog
 
 _LOG = logging.getLogger("shardviz.cluster")
 _LOG.setLevel(logging.ERROR)  # ipyparallel logs engine output at WARNING when engines stop
@@ -55,6 +61,8 @@ OPTIONS = (
     "launcher",
     "engine_timeout",
     "progress",
+    "spin_limit",
+    "on_spin",
 )
 
 
@@ -70,11 +78,13 @@ class RankError(ShardvizError, RuntimeError):
         errors: Mapping[int, Mapping[str, Any]] | None = None,
         where: Mapping[int, str] | None = None,
         missing: Sequence[int] = (),
+        spinning: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__(message)
         self.errors = dict(errors or {})
         self.where = dict(where or {})
         self.missing = list(missing)
+        self.spinning = dict(spinning or {})  # rank -> its spin report: seconds, stack, where
 
     @property
     def ranks(self) -> list[int]:
@@ -88,6 +98,12 @@ class RankError(ShardvizError, RuntimeError):
 
 class CollectiveHangError(RankError):
     """A rank died, or never entered a collective the others entered: they would hang."""
+
+
+class SpinningRankWarning(UserWarning):
+    """A rank has run Python past ``spin_limit`` without reaching a collective. It may just be
+    slow, so the notebook keeps waiting; turned into an error (``warnings.simplefilter("error",
+    SpinningRankWarning)``), it stops every rank as Ctrl-C does."""
 
 
 # --- progress ------------------------------------------------------------------------------------
@@ -131,10 +147,11 @@ class Progress:
 class LocalCluster:
     """An ipyparallel controller and engines that shardviz started, so may stop (by PID)."""
 
-    def __init__(self, cluster: Any, client: Any, profile_dir: str) -> None:
+    def __init__(self, cluster: Any, client: Any, profile_dir: str, watchdog: Watchdog | None = None) -> None:
         self.cluster = cluster
         self.client = client
         self.profile_dir = profile_dir
+        self.watchdog = watchdog
 
     @classmethod
     def start(
@@ -146,15 +163,21 @@ class LocalCluster:
         progress: Callable[[str], None] = lambda text: None,
         engine_timeout: float = ENGINE_TIMEOUT,
     ) -> LocalCluster:
-        """Start a controller on 127.0.0.1 and ``n`` engines, and wait until they registered."""
+        """Start a controller on 127.0.0.1 and ``n`` engines, and wait until they registered.
+
+        A watchdog process, started first, ends them and removes the profile folder if this
+        process dies without stopping them (even by SIGKILL, even half-way through starting)."""
         import ipyparallel as ipp
 
         profile_dir = tempfile.mkdtemp(prefix="shardviz-ipp-")
         atexit.register(shutil.rmtree, profile_dir, True)  # ipyparallel stops the processes at exit
+        cluster_id = f"shardviz-{os.getpid()}-{os.urandom(3).hex()}"
+        watchdog = Watchdog.start(cluster_id, profile_dir)
         kwargs: dict[str, Any] = {
             "n": n,
             "profile_dir": profile_dir,
-            "cluster_id": f"shardviz-{os.getpid()}-{os.urandom(3).hex()}",
+            "cluster_id": cluster_id,
+            "controller_ip": "127.0.0.1",  # the controller's ports: this machine only
             "log": _LOG,
             "load_profile": False,
             "parent": None,
@@ -162,21 +185,17 @@ class LocalCluster:
         if launcher:
             kwargs["engines"] = launcher
         cluster = ipp.Cluster(**kwargs)
-        self = None
+        self = cls(cluster, None, profile_dir, watchdog)
         try:
             progress(f"starting {n} engines: controller")
             cluster.start_controller_sync()
+            watchdog.watch([p for p in [self.controller_pid()] if p])
             cluster.start_engines_sync(n, environment=dict(env or engine_env(n)))
-            client = cluster.connect_client_sync()
-            self = cls(cluster, client, profile_dir)
+            watchdog.watch(self.engine_pids())
+            self.client = cluster.connect_client_sync()
             self.wait_for_engines(n, progress, engine_timeout)
         except BaseException:
-            if self is not None:
-                self.stop()
-            else:
-                with contextlib.suppress(Exception):
-                    cluster.stop_cluster_sync()
-                shutil.rmtree(profile_dir, ignore_errors=True)
+            self.stop()
             raise
         return self
 
@@ -226,6 +245,8 @@ class LocalCluster:
     def add_engines(self, k: int, n_total: int) -> None:
         """Start ``k`` more engines (replacing dead ones) and wait until ``n_total`` are registered."""
         self.cluster.start_engines_sync(k, environment=dict(engine_env(n_total)))
+        if self.watchdog is not None:
+            self.watchdog.watch(self.engine_pids())
 
     def kill(self, pids: Sequence[int]) -> None:
         """SIGKILL engines of this cluster by PID (ranks stuck where no signal reaches them)."""
@@ -239,12 +260,16 @@ class LocalCluster:
         """Stop the engines and the controller (TERM, then KILL, by PID) and remove the profile."""
         pids = self.engine_pids()
         ctl = self.controller_pid()
-        with contextlib.suppress(Exception):
-            self.client.close()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.close()
         with contextlib.suppress(Exception):
             self.cluster.stop_cluster_sync()
         _reap([*pids, *([ctl] if ctl else [])])
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+        if self.watchdog is not None:  # it ends whatever is left, by the cluster's id, and exits
+            self.watchdog.close()
+            self.watchdog = None
 
 
 def _reap(pids: Sequence[int], wait: float = 5.0) -> None:
@@ -287,6 +312,7 @@ class RankRun:
     stderr: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)
     finished_at: float | None = None  # time.monotonic() when the client saw it finish
+    spin: dict[str, Any] | None = None  # its report past the spin limit, while it still applies
 
     @property
     def finished(self) -> bool:
@@ -307,11 +333,25 @@ def _coll(last: Mapping[str, Any]) -> str:
     return f"{last['op']} #{last['gseq']} on group [{group}]{where}"
 
 
+def spin_text(spin: Mapping[str, Any]) -> str:
+    """A spin report in words: how long the rank has run Python since its last collective, where."""
+    return (
+        f"Python for {float(spin['seconds']):.1f} s without reaching a collective "
+        f"(spin_limit {float(spin['limit']):g} s), at {spin['where']}"
+    )
+
+
 def where_text(run: RankRun) -> str:
-    """Where a rank is or stopped, in words."""
+    """Where a rank is or stopped, in words: inside a collective, or running code outside one."""
     flight = run.flight or {}
     last = flight.get("last")
     n = int(flight.get("n") or 0)
+    interrupted = (run.error or {}).get("spin")
+    if run.status == "done" and interrupted:
+        return (
+            f"stopped by on_spin='interrupt' after running {spin_text(interrupted)}; "
+            f"{n} collective{'s' if n != 1 else ''} before"
+        )
     if run.status == "died":
         return f"died (engine {run.engine} exited); " + (
             f"last collective entered: {_coll(last)}" if last else "it had entered no collective"
@@ -326,7 +366,16 @@ def where_text(run: RankRun) -> str:
         )
     if last and last.get("state") == "in":
         return f"waiting in {_coll(last)}"
-    return "running, outside any collective" + (f" (last: {_coll(last)})" if last else "")
+    after = f" (last: {_coll(last)})" if last else ""
+    if run.spin:
+        return f"running {spin_text(run.spin)}{after}"
+    return f"running outside any collective{after}"
+
+
+def running_python(run: RankRun) -> bool:
+    """Still running, and not inside a collective: Ctrl-C (SIGINT) reaches its Python code."""
+    last = (run.flight or {}).get("last") or {}
+    return not run.finished and last.get("state") != "in"
 
 
 @dataclass
@@ -367,7 +416,10 @@ def diagnose(runs: Sequence[RankRun], now: float | None = None, grace: float = 2
                         if tuple(last.get("group", ())) == g
                         else f"collective #{n} on group {list(g)}"
                     )
-                    how = f"raised {r.error['ename']}" if r.error else "finished"
+                    how = "finished"
+                    if r.error:
+                        stopped = r.error.get("spin")
+                        how = "was stopped (on_spin='interrupt')" if stopped else f"raised {r.error['ename']}"
                     return Fault(
                         "skipped",
                         [r.rank],
@@ -394,12 +446,13 @@ def diagnose(runs: Sequence[RankRun], now: float | None = None, grace: float = 2
         if r.error and r.error.get("distributed") and now - (r.finished_at or now) >= grace
     ]
     if timed_out and running:
+        states = {True: "is running Python, outside any collective", False: "is inside a collective"}
+        doing = ", ".join(f"rank {r.rank} {states[running_python(r)]}" for r in running)
         return Fault(
             "timeout",
             [r.rank for r in running],
             f"{_ranks([r.rank for r in timed_out])} failed inside a collective "
-            f"({timed_out[0].error['evalue'].splitlines()[0][:160]}) while "  # type: ignore[index]
-            f"{_ranks([r.rank for r in running])} {'is' if len(running) == 1 else 'are'} still running",
+            f"({timed_out[0].error['evalue'].splitlines()[0][:160]}) while {doing}",  # type: ignore[index]
         )
     return None
 
@@ -672,6 +725,20 @@ class ClusterBackend:
         if not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, not {options.get('timeout')!r}")
         self.engine_timeout = float(options.get("engine_timeout", ENGINE_TIMEOUT))
+        spin = options.get("spin_limit")
+        if spin is None:
+            spin = self.timeout
+        if isinstance(spin, bool) or not isinstance(spin, int | float) or not spin > 0:
+            raise ValueError(
+                f"spin_limit must be a positive number of seconds (math.inf: never report), not {spin!r}"
+            )
+        self.spin_limit = float(spin)
+        self.on_spin = options.get("on_spin", "warn")
+        if self.on_spin not in _rank.SPIN_ACTIONS:
+            raise ValueError(
+                f"on_spin must be 'warn' (report a rank past spin_limit and keep waiting) or 'interrupt' "
+                f"(stop it with KeyboardInterrupt), not {self.on_spin!r}"
+            )
         self.attach = any(options.get(k) is not None for k in ("profile", "profile_dir", "cluster_id"))
         try:
             import ipyparallel  # noqa: F401
@@ -808,7 +875,7 @@ class ClusterBackend:
         if not addr:
             one_host = all(self.hosts.get(e) == here for e in self.engines)
             addr = "127.0.0.1" if one_host else self._view(first).apply_sync(_rank.address)
-        port = int(self._view(first).apply_sync(_rank.free_port, addr))
+        port = int(self._view(first).apply_sync(_rank.store_port, addr))
         local_rank: dict[int, int] = {}
         per_host: dict[str, int] = {}
         for e in self.engines:
@@ -817,7 +884,16 @@ class ClusterBackend:
             per_host[h] = local_rank[e] + 1
         ars = [
             self._view(e).apply_async(
-                _rank.setup, r, self.world_size, self.name, addr, port, self.timeout, local_rank[e]
+                _rank.setup,
+                r,
+                self.world_size,
+                self.name,
+                addr,
+                port,
+                self.timeout,
+                local_rank[e],
+                self.spin_limit,
+                self.on_spin,
             )
             for r, e in enumerate(self.engines)
         ]
@@ -916,6 +992,13 @@ class ClusterBackend:
         self.busy = {}
         if not pending:
             return []
+        # Ranks running Python stop at SIGINT; ranks inside a collective take it once they leave.
+        with contextlib.suppress(Exception):
+            self.client.send_signal(signal.SIGINT, targets=list(pending), block=False)
+        concurrent.futures.wait(list(pending.values()), timeout=2)
+        pending = {e: ar for e, ar in pending.items() if not ar.done()}
+        if not pending:
+            return []
         limit = self.timeout + 10
         progress(
             f"waiting up to {limit:.0f} s for {_ranks([self.engines.index(e) for e in pending])} to reach "
@@ -962,6 +1045,7 @@ class ClusterBackend:
         ]
         runs = [RankRun(r, e) for r, e in enumerate(self.engines)]
         fault = None
+        warned: set[tuple[int, int]] = set()  # (rank, collectives before): one report per stretch
         try:
             while True:
                 for run, ar in zip(runs, ars, strict=True):
@@ -972,9 +1056,12 @@ class ClusterBackend:
                 pending = [ar for ar in ars if not ar.done()]
                 if fault is not None or not pending:
                     break
+                self._report_spinning(runs, warned)
                 concurrent.futures.wait(pending, timeout=0.05, return_when=concurrent.futures.FIRST_COMPLETED)
         except KeyboardInterrupt:
-            self._interrupt(ars)
+            raise KeyboardInterrupt(self._interrupt(ars, runs)) from None
+        except SpinningRankWarning:  # the user made the warning an error: stop the ranks as Ctrl-C
+            self._interrupt(ars, runs)
             raise
         for run, ar in zip(runs, ars, strict=True):
             if ar.done():
@@ -1008,22 +1095,93 @@ class ClusterBackend:
             flight = (ar.data or {}).get(_rank.FLIGHT_KEY)
             if flight is not None:
                 run.flight = flight
+        run.spin = None
+        if run.status == "running":  # a report holds until the rank enters its next collective
+            spin = (ar.data or {}).get(_rank.SPIN_KEY)
+            last = (run.flight or {}).get("last") or {}
+            current = spin is not None and int(spin["n"]) == int((run.flight or {}).get("n") or 0)
+            if current and last.get("state") != "in":
+                run.spin = spin
         if outputs:
             run.stdout = ar.stdout or ""
             run.stderr = ar.stderr or ""
             run.outputs = list(ar.outputs or [])
 
-    def _interrupt(self, ars: Sequence[Any]) -> None:
+    def _report_spinning(self, runs: Sequence[RankRun], warned: set[tuple[int, int]]) -> None:
+        """A SpinningRankWarning for ranks newly past the spin limit: who, for how long, their stack,
+        where the others are. The ranks keep running (they may just be slow) unless on_spin says:
+        a rank that on_spin='interrupt' has just stopped reports the error instead, and one it could
+        not stop (its code catches KeyboardInterrupt) is reported here."""
+        new = [
+            r
+            for r in runs
+            if r.spin and not r.spin.get("interrupted") and (r.rank, int(r.spin["n"])) not in warned
+        ]
+        if not new:
+            return
+        for r in new:
+            warned.add((r.rank, int(r.spin["n"])))  # type: ignore[index]
+        lines = []
+        for r in new:
+            spin = r.spin or {}
+            lines.append(f"rank {r.rank} has run {spin_text(spin)}.")
+            lines.append(f"Its stack now:\n{_rank.format_stack(spin.get('stack') or [])}")
+        waiting = [r for r in runs if not r.finished and not running_python(r)]
+        if waiting:
+            lines += _where_lines({r.rank: where_text(r) for r in runs})
+        if self.on_spin == "interrupt":
+            lines.append(
+                "on_spin='interrupt' could not stop it: its code caught the KeyboardInterrupt, or runs "
+                "outside the rank's main thread. Interrupt the kernel (Ctrl-C) or run sv.restart()."
+            )
+        else:
+            lines.append(
+                "It may just be slow: shardviz keeps waiting. Interrupt the kernel (Ctrl-C, or the stop "
+                "button) to stop every rank; sv.use(..., on_spin='interrupt') stops such ranks by itself, "
+                "spin_limit= sets the time."
+            )
+        first = (new[0].spin or {}).get("stack") or [{}]
+        warnings.warn_explicit(
+            "\n".join(lines),
+            SpinningRankWarning,
+            f"<rank {new[0].rank}>",
+            int(first[-1].get("line") or 0),
+            module="shardviz.backends.cluster",
+        )
+
+    def _interrupt(self, ars: Sequence[Any], runs: Sequence[RankRun]) -> str:
+        """Ctrl-C in the notebook: SIGINT to every rank. Code running Python stops with
+        KeyboardInterrupt; a rank inside a collective cannot be interrupted (gloo and NCCL wait
+        for the process-group timeout). Returns where the ranks were, in words."""
+        for run, ar in zip(runs, ars, strict=True):
+            self._update(run, ar)
+        before = {r.rank: where_text(r) for r in runs if not r.finished}
         pending = [ar for ar in ars if not ar.done()]
         if not pending:
-            return
+            return ""
         with contextlib.suppress(Exception):
             self.client.send_signal(signal.SIGINT, targets=self.engines, block=False)
         concurrent.futures.wait(pending, timeout=2)
+        for run, ar in zip(runs, ars, strict=True):
+            self._update(run, ar)
         still = {e: ar for e, ar in zip(self.engines, ars, strict=True) if not ar.done()}
+        stopped = sorted(r for r in before if self.engines[r] not in still)
+        stuck = sorted(r for r in before if self.engines[r] in still)
+        lines = ["Interrupted. When Ctrl-C came:", *(f"  rank {r}: {before[r]}" for r in sorted(before))]
+        if stopped:
+            lines.append(f"{_ranks(stopped)} stopped.")
         if still:
             self.busy = still
-            self.broken = "interrupted while ranks were inside a collective"
+            self.broken = "interrupted while " + "; ".join(f"rank {r} was {before[r]}" for r in stuck)
+            lines.append(
+                f"{_ranks(stuck)} did not stop within 2 s (a rank inside a collective waits for the "
+                "process-group timeout)."
+            )
+        else:
+            self._check_consistent(runs)  # ranks stopped at different collectives: the group is off
+        if self.broken:
+            lines.append("Run sv.restart() (or %shardviz restart) before the next cell.")
+        return "\n".join(lines)
 
     def _check_consistent(self, runs: Sequence[RankRun]) -> None:
         """After every rank finished: different collective counts mean a broken process group."""
@@ -1048,7 +1206,7 @@ class ClusterBackend:
         lines += _error_lines(errors)
         lines.append(_restart_advice(runs, self))
         cls = RankError if any(not e.get("distributed") for e in errors.values()) else CollectiveHangError
-        return cls("\n".join(lines), errors, where, fault.missing)
+        return cls("\n".join(lines), errors, where, fault.missing, _spinning(runs))
 
     def show_outputs(self, runs: Sequence[RankRun], widgets: Mapping[int, Any]) -> None:
         """Each rank's stdout, stderr and displays, in rank order; ``sv.show`` markers as widgets."""
@@ -1121,7 +1279,7 @@ class ClusterBackend:
                 lines.append(_restart_advice(runs, self))
             if trace_note:
                 lines.append(trace_note)
-            raise RankError("\n".join(lines), errors, where)
+            raise RankError("\n".join(lines), errors, where, spinning=_spinning(runs))
         return trace, widgets
 
     def record(self, values: str | int, memory: Any) -> AbstractContextManager[Trace]:
@@ -1211,12 +1369,27 @@ def _where_lines(where: Mapping[int, str]) -> list[str]:
     return ["Where each rank is:", *(f"  rank {r}: {w}" for r, w in sorted(where.items()))]
 
 
+def _spinning(runs: Sequence[RankRun]) -> dict[int, dict[str, Any]]:
+    """Each rank's report past the spin limit: stopped by it, or still running past it."""
+    out = {}
+    for r in runs:
+        spin = (r.error or {}).get("spin") or r.spin
+        if spin:
+            out[r.rank] = dict(spin)
+    return out
+
+
 def _error_head(errors: Mapping[int, Mapping[str, Any]]) -> str:
     kinds: dict[str, list[int]] = {}
+    heads = []
     for r, e in sorted(errors.items()):
+        spin = e.get("spin")
+        if spin:  # stopped on purpose: say why, not only "KeyboardInterrupt"
+            heads.append(f"rank {r} was stopped (on_spin='interrupt'): it ran {spin_text(spin)}")
+            continue
         first = e["evalue"].splitlines()[0] if e["evalue"] else ""
         kinds.setdefault(f"{e['ename']}: {first}" if first else e["ename"], []).append(r)
-    return "; ".join(f"{_ranks(rs)} raised {k}" for k, rs in kinds.items())
+    return "; ".join([*heads, *(f"{_ranks(rs)} raised {k}" for k, rs in kinds.items())])
 
 
 def _error_lines(errors: Mapping[int, Mapping[str, Any]]) -> list[str]:
@@ -1243,8 +1416,19 @@ def _restart_advice(runs: Sequence[RankRun], backend: ClusterBackend) -> str:
             f"{_ranks(dead)} died on a cluster shardviz did not start: restart its engines, then "
             "sv.restart()."
         )
+    python = [r.rank for r in runs if running_python(r)]
+    inside = [r.rank for r in runs if not r.finished and not running_python(r)]
+    steps = []
+    if python:
+        steps.append(f"interrupts {_ranks(python)} (running Python, outside any collective)")
+    if inside:
+        steps.append(
+            f"waits up to {backend.timeout:g} s (the process-group timeout) for {_ranks(inside)} to leave "
+            f"{'its collective' if len(inside) == 1 else 'their collectives'}"
+        )
+    steps.append("rebuilds the process group on a new port")
+    then = ", then " if len(steps) > 1 else ""
     return (
-        f"Run sv.restart() (or %shardviz restart): it waits up to {backend.timeout:g} s (the process-group "
-        "timeout) for ranks still inside a collective, then rebuilds the process group on a new port; names "
+        f"Run sv.restart() (or %shardviz restart): it {', '.join(steps[:-1])}{then}{steps[-1]}; names "
         "defined on the ranks are cleared."
     )

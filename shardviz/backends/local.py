@@ -77,7 +77,13 @@ class LocalBackend:
             yield mode  # already inside this backend's simulation
             return
         _torch.reuse_local_mode(mode)
-        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), mode:
+        with (
+            _torch.tracking_meshes(),
+            _torch.fsdp_in_simulation(),
+            _torch.premul_sum_factors(),
+            mode,
+            _torch.per_rank_values(),  # inside the mode: on top of what it patches
+        ):
             yield mode
 
     def close(self) -> None:

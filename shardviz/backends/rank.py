@@ -7,20 +7,28 @@ CPU tensors — carried by ipyparallel's own transport; a rank's trace travels a
 
 Before a rank enters a collective it publishes which one (ipyparallel's data channel, sent from a
 background thread), so the client can see where a rank blocked inside gloo or NCCL is, even though
-that rank cannot answer until the process-group timeout.
+that rank cannot answer until the process-group timeout. A rank that runs Python past the spin limit
+without reaching a collective publishes its stack from a watcher thread, and stops if asked to.
+
+Nothing here listens on a wildcard address: rank 0's store is bound to the rendezvous address, and on
+one machine gloo and NCCL are kept on the loopback interface.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib
+import ipaddress
 import json
 import linecache
+import math
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import types
@@ -43,6 +51,8 @@ from .base import draw, rank_tensor, refuse_record, refuse_simulation_options
 SHOW_MIME = "application/vnd.shardviz.show+json"
 SHOW_KEY = "__shardviz_show__"
 FLIGHT_KEY = "shardviz_flight"
+SPIN_KEY = "shardviz_spin"
+SPIN_ACTIONS = ("warn", "interrupt")
 
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _MAX_SHOWS = 64
@@ -55,6 +65,8 @@ class _RankState:
     backend: str
     local_rank: int
     timeout_s: float
+    spin_limit: float = math.inf
+    on_spin: str = "warn"
     shows: dict[int, dict[str, Any]] = field(default_factory=dict)
     displayed: set[int] = field(default_factory=set)
     next_show: int = 0
@@ -146,11 +158,27 @@ def hello() -> dict[str, Any]:
     }
 
 
-def free_port(addr: str) -> int:
-    """A free TCP port on this host for the process group's store (rank 0 hosts it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr not in ("", "localhost") else "127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_listener: socket.socket | None = None  # rank 0: the store's socket, bound before setup
+
+
+def store_port(addr: str) -> int:
+    """Bind rank 0's store socket to ``addr`` (never a wildcard) on a free port, and keep it open
+    for ``setup``: nothing else can take the port in between, and nothing listens elsewhere."""
+    global _listener
+    if _listener is not None:
+        _listener.close()
+    host = "127.0.0.1" if addr in ("", "localhost") else addr
+    infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    family, _, _, _, sockaddr = infos[0]
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind(sockaddr)
+        s.listen(128)
+    except BaseException:
+        s.close()
+        raise
+    _listener = s
+    return int(s.getsockname()[1])
 
 
 def address() -> str:
@@ -162,6 +190,47 @@ def address() -> str:
         return name
 
 
+def loopback(addr: str) -> bool:
+    """Whether ``addr`` is this machine's loopback (127.0.0.0/8, ::1, localhost)."""
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str | None:
+    """The name of the interface holding 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addrs):
+            return name
+    return None
+
+
+# The transports' interface variables this module set (so that a later multi-host setup undoes
+# them); a value the user set is never touched.
+_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_set_ifnames: dict[str, str] = {}
+
+
+def keep_transport_local(local: bool) -> None:
+    """On one machine, gloo and NCCL listen on the loopback interface only; otherwise they choose
+    as usual (or as the user's ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` say)."""
+    for var in _IFNAME_VARS:
+        if var in _set_ifnames and os.environ.get(var) == _set_ifnames[var]:
+            del os.environ[var]
+        _set_ifnames.pop(var, None)
+    iface = loopback_interface() if local else None
+    if iface is None:
+        return
+    for var in _IFNAME_VARS:
+        if var not in os.environ:
+            os.environ[var] = _set_ifnames[var] = iface
+
+
 def setup(
     rank: int,
     world_size: int,
@@ -170,13 +239,16 @@ def setup(
     master_port: int,
     timeout_s: float,
     local_rank: int,
+    spin_limit: float = math.inf,
+    on_spin: str = "warn",
 ) -> dict[str, Any]:
     """Join a fresh process group: a new port each time and an explicit timeout.
 
-    nccl ranks pick their GPU first (``local_rank`` among the engines on this host), so that each
+    Rank 0 serves the store on the socket ``store_port`` bound; the others connect to it. nccl
+    ranks pick their GPU first (``local_rank`` among the engines on this host), so that each
     process initialises CUDA on its own device only.
     """
-    global _state
+    global _state, _listener
     _destroy_pg()
     os.environ.update(
         MASTER_ADDR=master_addr,
@@ -185,17 +257,23 @@ def setup(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(local_rank),
     )
+    keep_transport_local(loopback(master_addr))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     t0 = time.perf_counter()
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{_bracket(master_addr)}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    _state = _RankState(rank, world_size, backend, local_rank, timeout_s)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    host = "127.0.0.1" if master_addr in ("", "localhost") else master_addr.strip("[]")
+    if rank == 0:
+        if _listener is None or _listener.getsockname()[1] != master_port:
+            raise BackendError(
+                f"rank 0 holds no store socket on port {master_port}; run sv.restart() in the notebook"
+            )
+        fd, _listener = _listener.detach(), None  # the store owns the socket from here on
+        store = dist.TCPStore(host, master_port, world_size, True, timeout, master_listen_fd=fd)
+    else:
+        store = dist.TCPStore(host, master_port, world_size, False, timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    _state = _RankState(rank, world_size, backend, local_rank, timeout_s, spin_limit, on_spin)
     _install(RankBackend(backend, world_size, rank))
     return {"rank": rank, "pid": os.getpid(), "init_s": time.perf_counter() - t0}
 
@@ -209,10 +287,6 @@ def teardown() -> None:
 
     if isinstance(backends.peek(), RankBackend):
         backends.install(None)
-
-
-def _bracket(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
 
 
 def _destroy_pg() -> None:
@@ -243,6 +317,7 @@ class Flight:
         self.n = 0
         self.counts: dict[tuple[int, ...], int] = {}
         self.last: dict[str, Any] | None = None
+        self.since = time.monotonic()  # when this rank last started or left a collective (or entered)
 
     def __call__(
         self, stage: str, op: str, groups: tuple[tuple[int, ...], ...], source: Source | None
@@ -262,11 +337,140 @@ class Flight:
             }
         elif self.last is not None:
             self.last = {**self.last, "state": "out"}
+        self.since = time.monotonic()
         if self.publish is not None:
             self.publish({FLIGHT_KEY: self.summary()})
 
     def summary(self) -> dict[str, Any]:
         return {"last": self.last, "counts": dict(self.counts), "n": self.n}
+
+    def in_collective(self) -> bool:
+        return self.last is not None and self.last.get("state") == "in"
+
+
+class SpinWatch:
+    """Watches the thread running a cell: past ``limit`` seconds of Python since the rank started or
+    last left a collective, it publishes that thread's stack (again every second while it lasts),
+    and with ``interrupt`` raises KeyboardInterrupt there, once. A rank inside a collective is
+    waiting for its peers, not spinning: the peers are the ones to report."""
+
+    def __init__(
+        self,
+        flight: Flight,
+        limit: float,
+        interrupt: bool,
+        filename: str,
+        publish: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.flight = flight
+        self.limit = limit
+        self.interrupt = interrupt
+        self.filename = filename
+        self.publish = publish
+        self.ident = threading.get_ident()
+        self.report: dict[str, Any] | None = None  # the latest, for the result
+        self.interrupted: dict[str, Any] | None = None  # the report it stopped the thread with
+        self.tried = False
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> SpinWatch:
+        if math.isfinite(self.limit):
+            self.thread = threading.Thread(target=self._watch, name="shardviz-spin-watch", daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.lock:
+            self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _watch(self) -> None:
+        period = min(1.0, self.limit / 4)
+        last_sent = -math.inf
+        while not self.stopped.wait(period):
+            flight = self.flight
+            if flight.in_collective():
+                continue
+            now = time.monotonic()
+            seconds = now - flight.since
+            if seconds < self.limit:
+                continue
+            if self.report is not None and self.report["n"] == flight.n and now - last_sent < 1.0:
+                continue
+            stack = thread_stack(self.ident, self.filename)
+            report = {
+                "n": flight.n,
+                "seconds": round(seconds, 3),
+                "limit": self.limit,
+                "stack": stack,
+                "where": stack_where(stack),
+                "interrupted": False,
+            }
+            with self.lock:
+                if self.stopped.is_set():
+                    return
+                if self.interrupt and not self.tried:
+                    self.tried = True
+                    report["interrupted"] = interrupt_thread(self.ident)
+                    if report["interrupted"]:
+                        self.interrupted = report
+                self.report = report
+            last_sent = time.monotonic()
+            if self.publish is not None:
+                self.publish({SPIN_KEY: report})
+
+
+def thread_stack(ident: int, filename: str = "", limit: int = 20) -> list[dict[str, Any]]:
+    """The user's frames of a running thread, outermost first: from the first frame of the cell (or
+    function) ``filename`` on, without shardviz's and torch's dispatch plumbing."""
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return []
+    frames = traceback.extract_stack(frame)
+    start = next((i for i, f in enumerate(frames) if filename and f.filename == filename), None)
+    if start is None:  # after shardviz's own frames (the rank's entry points)
+        own = [i for i, f in enumerate(frames) if f.filename.startswith(_OWN_DIR)]
+        start = own[0] + 1 if own else 0
+        while start < len(frames) and frames[start].filename.startswith(_OWN_DIR):
+            start += 1
+    user = [f for f in frames[start:] if not _plumbing(f.filename)] or list(frames[start:])
+    return [
+        {"file": f.filename, "line": f.lineno, "name": f.name, "text": (f.line or "").strip()}
+        for f in user[-limit:]
+    ]
+
+
+def stack_where(stack: list[dict[str, Any]]) -> str:
+    """The innermost frame in words: ``line 4: x += 1`` (a cell) or ``line 9 in f (util.py)``."""
+    if not stack:
+        return "in code outside any Python frame"
+    f = stack[-1]
+    place = f"line {f['line']}" + ("" if f["name"] == "<module>" else f" in {f['name']}")
+    if not f["file"].startswith("<"):
+        place += f" ({os.path.basename(f['file'])})"
+    return place + (f": {f['text']}" if f["text"] else "")
+
+
+def format_stack(stack: list[dict[str, Any]]) -> str:
+    """A stack as Python prints one, outermost first."""
+    lines = []
+    for f in stack:
+        lines.append(f'  File "{f["file"]}", line {f["line"]}, in {f["name"]}')
+        if f["text"]:
+            lines.append(f"    {f['text']}")
+    return "\n".join(lines)
+
+
+def interrupt_thread(ident: int) -> bool:
+    """KeyboardInterrupt in the thread running the cell, as Ctrl-C would raise it; only where Python
+    handles SIGINT and that thread is the main one (signals reach no other)."""
+    if ident != threading.main_thread().ident or not callable(signal.getsignal(signal.SIGINT)):
+        return False
+    signal.pthread_kill(ident, signal.SIGINT)  # also wakes a sleep or a blocking read
+    return True
 
 
 def _publisher() -> Callable[[dict[str, Any]], None] | None:
@@ -436,19 +640,26 @@ def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict
     st = _require_state()
     st.displayed = set()
     first_show = st.next_show
-    flight = Flight(_publisher())
+    publish = _publisher()
+    flight = Flight(publish)
+    watch = SpinWatch(flight, st.spin_limit, st.on_spin == "interrupt", filename, publish)
     error = None
     value: Any = None
     trace: Trace | None = None
     t0 = time.perf_counter()
     st.running = True  # sv.show, through this rank's backend, now gathers for the client
     try:
-        with record_rank(st.rank, st.world_size, values, on_collective=flight) as trace:
-            value = body()
+        try:
+            with watch, record_rank(st.rank, st.world_size, values, on_collective=flight) as trace:
+                value = body()
+        finally:
+            st.running = False
+            if watch.interrupted is not None:
+                _absorb_interrupt()  # one sent just as the body finished lands here, not later
     except BaseException as e:
         error = describe_error(e, filename)
-    finally:
-        st.running = False
+        if watch.interrupted is not None and isinstance(e, KeyboardInterrupt):
+            error["spin"] = watch.interrupted
     elapsed = time.perf_counter() - t0
     value = portable(value)
     _flush_stdio()
@@ -459,9 +670,15 @@ def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict
         "value": value,
         "trace": trace_bytes(trace) if trace is not None else None,
         "flight": flight.summary(),
+        "spin": watch.report,
         "shows": {i: st.shows[i] for i in sorted(shown) if i in st.shows},
         "seconds": elapsed,
     }
+
+
+def _absorb_interrupt() -> None:
+    """Give a KeyboardInterrupt already sent to this thread the chance to be raised here."""
+    time.sleep(0.01)  # the signal handler runs once the sleep ends (or is cut short by it)
 
 
 def _flush_stdio() -> None:

@@ -10,11 +10,10 @@
 """
 
 from .c10d import PlainTensorCollectiveError
-from .mode import GET_RANK_WARNING, Recorder, SharedLocalWriteError, mesh_dim
+from .mode import Recorder, SharedLocalWriteError, mesh_dim
 from .snapshot import ValueBudget, split_per_rank, to_numpy
 
 __all__ = [
-    "GET_RANK_WARNING",
     "PlainTensorCollectiveError",
     "Recorder",
     "SharedLocalWriteError",

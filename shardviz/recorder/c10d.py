@@ -180,6 +180,70 @@ PER_GROUP = {
 }
 
 
+def _premul_sum(factor: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Each tensor times the factor, then summed in rank order, as torch >= 2.14 simulates it."""
+    out = tensors[0] * factor
+    for t in tensors[1:]:
+        out = out + t * factor
+    return out
+
+
+def _emulate_premul_reduce_scatter(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d reduce_scatter_tensor with ReduceOp.PREMUL_SUM (FSDP2 with a gradient divide factor),
+    which LocalTensorMode lacks on torch 2.13: member j receives chunk j of the scaled sum."""
+    out, inp = bound["output_tensor"], bound["input_tensor"]
+    factor = _torch.premul_factor(bound["reduce_op"])
+    dst, src = _torch.local_tensors(out), _torch.local_tensors(inp)
+    if dst is None or src is None:
+        raise NotImplementedError("shardviz simulates PREMUL_SUM on per-rank tensors only")
+    with _torch.no_dispatch():
+        for g in groups:
+            total = _premul_sum(factor, [src[r] for r in g])
+            for j, r in enumerate(g):
+                dst[r].copy_(total.chunk(len(g))[j].view_as(dst[r]))
+    return (out, _torch.fake_work())
+
+
+def _emulate_premul_all_reduce(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
+    """c10d all_reduce with ReduceOp.PREMUL_SUM (HSDP's replicate-dim gradient reduction)."""
+    tensors = bound["tensors"]
+    factor = _torch.premul_factor(bound["reduce_op"])
+    local = _torch.local_tensors(tensors[0])
+    if local is None:
+        raise NotImplementedError("shardviz simulates PREMUL_SUM on per-rank tensors only")
+    with _torch.no_dispatch():
+        for g in groups:
+            total = _premul_sum(factor, [local[r] for r in g])
+            for r in g:
+                local[r].copy_(total)
+    return (tensors, _torch.fake_work())
+
+
+# ReduceOp.PREMUL_SUM, by collective: LocalTensorMode on torch 2.13 raises "PREMUL_SUM: need to
+# add binding for scaling factor"; done here on every torch, so that the bits do not depend on it.
+PREMUL_SUM = {
+    "c10d._reduce_scatter_base_": _emulate_premul_reduce_scatter,
+    "c10d.allreduce_": _emulate_premul_all_reduce,
+}
+
+
+def emulator(
+    impl: str, bound: dict[str, Any]
+) -> Callable[[dict[str, Any], tuple[tuple[int, ...], ...]], Any] | None:
+    """How the simulation runs this collective itself, or None where LocalTensorMode runs it."""
+    op = bound.get("reduce_op")
+    if op is not None and not isinstance(op, str) and reduce_name(op) == "premul_sum":
+        found = PREMUL_SUM.get(impl)
+        if found is None:
+            raise NotImplementedError(
+                f"shardviz simulates ReduceOp.PREMUL_SUM in dist.reduce_scatter_tensor and "
+                f"dist.all_reduce only, not in {impl}; use ReduceOp.SUM and scale the result, or run "
+                "on real process groups: sv.use('gloo', world_size=N)"
+            )
+        return found
+    return EMULATED.get(impl)
+
+
 EMULATED = {
     "c10d.broadcast_": _emulate_broadcast,
     "c10d.gather_": _emulate_gather,

@@ -24,8 +24,6 @@ SOURCES: dict[tuple[Any, int], Source] = {}
 LAYOUTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 # The (position, name) of each argument an op writes, by op.
 WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
-# Warnings given once per process, by topic.
-WARNED: set[str] = set()
 
 _WORLD: dict[tuple[Any, ...], Any] = {}
 _WORLD_OWNER: list[Any] = [None]  # the world group _WORLD belongs to (held: its id stays its own)
@@ -69,7 +67,6 @@ def clear() -> None:
     """Forget everything remembered (tests, and a world torn down)."""
     for table in (SOURCES, LAYOUTS, WRITTEN, _WORLD):
         table.clear()
-    WARNED.clear()
     _WORLD_OWNER[0] = None
     for cached in _MEMOS:
         cached.cache_clear()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import warnings
 import weakref
 from collections.abc import Callable
 from types import FrameType
@@ -21,7 +20,7 @@ import torch
 
 from .. import _torch
 from .. import mesh as _mesh
-from ..errors import ShardvizError, SimulationWarning
+from ..errors import PerRankValueError, ShardvizError
 from ..trace import (
     CollectiveEvent,
     Event,
@@ -36,22 +35,19 @@ from . import redistribute as _redistribute
 from .snapshot import Snapshots, ValueBudget, flatten, nbytes, present_ranks, same_bits, tensors, written
 from .specs import COLLECTIVES, METADATA_OPS, Spec, op_name, params, reduce_name
 
-# What dist.get_rank() gives in the simulation depends on the torch release (see _torch).
-GET_RANK_WARNING = (
-    (
-        "dist.get_rank() is a per-rank value in the simulation: tensor arithmetic with it runs per "
-        "rank (torch.ones(2) * dist.get_rank() holds each rank's own number), but Python cannot "
-        "branch, index or convert on it: `if dist.get_rank() == 0:` is False on every rank unless all "
-        "ranks agree, and x.chunk(n)[dist.get_rank()], int(...) and float(...) fail. Write "
-        "rank-dependent Python with sv.per_rank(lambda rank: x.chunk(n)[rank])."
-    )
-    if _torch.GET_RANK_PER_RANK
-    else (
-        "dist.get_rank() is 0 on every simulated rank, so rank-dependent code (like "
-        "x.chunk(n)[dist.get_rank()]) gives every rank rank 0's part. Write it with "
-        "sv.per_rank(lambda rank: x.chunk(n)[rank])."
-    )
-) + " (shardviz warns about this once.)"
+
+def _has_per_rank_int(args: Any, kwargs: Any) -> bool:
+    """Whether an op's arguments (or a list among them: a size) hold a per-rank SymInt. Runs for
+    every op on plain tensors only, so it looks no deeper than that."""
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if type(a) is torch.SymInt:
+            if _torch.per_rank_ints(a) is not None:
+                return True
+        elif type(a) in (list, tuple) and any(
+            type(b) is torch.SymInt and _torch.per_rank_ints(b) is not None for b in a
+        ):
+            return True
+    return False
 
 
 class SharedLocalWriteError(ShardvizError, RuntimeError):
@@ -157,7 +153,7 @@ class Recorder(_torch.DebugMode):
     # --- DebugMode's interface, as DTensor calls it ------------------------------------------
 
     def __enter__(self) -> Recorder:
-        self._calls = _torch.UserCallWatch(self._on_to_local, self._on_from_local, self._on_get_rank)
+        self._calls = _torch.UserCallWatch(self._on_to_local, self._on_from_local)
         self._calls.__enter__()
         _torch.TorchDispatchMode.__enter__(self)
         _torch.debug_mode_counter(+1)
@@ -207,12 +203,6 @@ class Recorder(_torch.DebugMode):
             input_placements=inputs,
             output_placements=outputs,
         )
-
-    def _on_get_rank(self, caller: FrameType) -> None:
-        if self.rank is not None or "get_rank" in caches.WARNED or frames.is_library(caller):
-            return
-        caches.WARNED.add("get_rank")
-        warnings.warn(GET_RANK_WARNING, SimulationWarning, stacklevel=3)
 
     def _track(self, t: Any) -> None:
         for x in flatten(t):
@@ -341,6 +331,8 @@ class Recorder(_torch.DebugMode):
                 if self._in_dtensor_op:
                     return NotImplemented
                 return self._dtensor_op(func, args, kwargs or {})
+            if not types and self.rank is None and _has_per_rank_int(args, kwargs):
+                return self._per_rank_scalar(func, args, kwargs or {})
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
             return self._plain(func, args, kwargs or {})
@@ -354,6 +346,23 @@ class Recorder(_torch.DebugMode):
             if out is not NOT_SHARED:
                 return out
         return func(*args, **kwargs)
+
+    def _per_rank_scalar(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Plain tensors met a per-rank int (``tokens - dist.get_rank(group) * n``). LocalTensorMode
+        hands an op without LocalTensors to the kernel, which takes one int: a placeholder
+        (``tokens - r`` gives ``tokens - 7777777`` on every rank) or an AttributeError. Every rank
+        holds the plain tensor, so the op runs on LocalTensors holding it on every rank. An op that
+        writes a plain input cannot: it would write copies, not the caller's tensor."""
+        if _torch.written_arguments(func):
+            raise PerRankValueError(
+                f"{op_name(func)} writes a plain tensor in place with a per-rank value (a rank, a mesh "
+                "coordinate): a plain tensor made outside the simulation holds one value for every "
+                "rank, so it cannot take each rank's own. Make it inside sv.record() / %%spmd, or "
+                "per rank with sv.per_rank(lambda rank: t.clone()), or write it out of place "
+                "(t = t + offset)."
+            )
+        ranks = range(self.world_size)
+        return func(*c10d.lift(args, ranks), **{k: c10d.lift(v, ranks) for k, v in kwargs.items()})
 
     def _reserve(self) -> int:
         self._slots.append(None)
@@ -481,7 +490,7 @@ class Recorder(_torch.DebugMode):
             out, group_values = done
         else:
             group_values = None
-            emulate = c10d.EMULATED.get(impl) if self.rank is None else None
+            emulate = c10d.emulator(impl, bound) if self.rank is None else None
             out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
         if self.rank is not None:  # a real process: the result is only there once the work is done
             _torch.wait_collective(out, functional=spec.group == "group_name")

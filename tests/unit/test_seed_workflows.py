@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import shardviz as sv
 from shardviz import _torch
-from shardviz.errors import SimulationWarning
+from shardviz.errors import PerRankValueError
 
 
 @pytest.fixture
@@ -55,48 +55,65 @@ def test_custom_sharded_dot_product_is_traced_end_to_end(mesh4):
     assert red.outputs[0].values.item() == torch.dot(a0, b0).item()
 
 
-# From torch 2.14 on LocalTensorMode patches dist.get_rank to give each rank its own number.
-GET_RANK_PER_RANK = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 14)
-
-
-def test_get_rank_in_the_simulation_warns_once_and_points_to_per_rank(mesh4):
-    from shardviz.recorder import caches
-
-    caches.WARNED.discard("get_rank")
-    with pytest.warns(SimulationWarning, match=r"sv\.per_rank") as caught, sv.record():
-        scaled = torch.ones(2) * dist.get_rank()
-    text = str(caught[0].message)
-    if GET_RANK_PER_RANK:
-        assert "per-rank value" in text and "0 on every" not in text
-        assert {r: t.tolist() for r, t in scaled._local_tensors.items()} == {r: [r, r] for r in range(4)}
-    else:
-        assert "0 on every simulated rank" in text
-        assert scaled.tolist() == [0.0, 0.0]
+def test_get_rank_is_each_ranks_own_number_on_every_torch(mesh4):
+    # torch 2.13 answers 0 on every simulated rank, 2.14 on a per-rank value: the simulation gives
+    # user code the per-rank value on both, with no warning, and torch's own calls are unchanged.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with sv.record():
-            dist.get_rank()  # once is enough
-    # torch's own get_rank calls do not warn.
-    caches.WARNED.discard("get_rank")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with sv.record():
+            scaled = torch.ones(2) * dist.get_rank()
             distribute_tensor(torch.arange(4.0), mesh4, [Shard(0)])
+    assert {r: t.tolist() for r, t in scaled._local_tensors.items()} == {r: [r, r] for r in range(4)}
     # Outside the simulation dist.get_rank() is the fake process group's own again: a plain 0.
     assert type(dist.get_rank()) is int and dist.get_rank() == 0
 
 
+def test_group_ranks_are_per_rank_and_offset_a_plain_tensor_per_rank():
+    # torchtitan's vocab-parallel embedding: offset = dist.get_rank(tp_group) * chunk, applied to
+    # token ids made outside the simulation (one plain tensor for every rank).
+    sv.use("local", world_size=8)
+    tokens = torch.arange(16)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        tp, dp = mesh.get_group("tp"), mesh.get_group("dp")
+        ranks = (dist.get_rank(tp), dist.get_rank(dp), tp.rank(), dp.rank())
+        offset = dist.get_rank(tp) * 4
+        local = tokens - offset
+        mask = (tokens >= offset) & (tokens < offset + 4)
+    assert [_torch.per_rank_ints(v) for v in ranks] == [
+        [0, 1, 2, 3, 0, 1, 2, 3],
+        [0, 0, 0, 0, 1, 1, 1, 1],
+        [0, 1, 2, 3, 0, 1, 2, 3],
+        [0, 0, 0, 0, 1, 1, 1, 1],
+    ]
+    for r in range(8):
+        assert torch.equal(local._local_tensors[r], tokens - 4 * (r % 4))
+        assert mask._local_tensors[r].nonzero().flatten().tolist() == list(
+            range(4 * (r % 4), 4 * (r % 4) + 4)
+        )
+    # An in-place write of a per-rank value into a plain tensor cannot be per rank: refused.
+    with pytest.raises(PerRankValueError, match=r"in place with a per-rank value"), sv.record():
+        tokens.sub_(dist.get_rank(mesh.get_group("tp")))
+    assert torch.equal(tokens, torch.arange(16))
+
+
+def test_a_branch_the_ranks_disagree_on_raises(mesh4):
+    # `if dist.get_rank() == 0:` would take one branch for every rank: an explained error instead.
+    with pytest.raises(PerRankValueError, match=r"ranks disagree: \{0: True, 1: False"), sv.record():
+        if dist.get_rank() == 0:
+            pass
+    with pytest.raises(PerRankValueError, match=r"sv\.use\('gloo'"), sv.record():
+        min(3, dist.get_rank() + 1)  # 1, 2, 3, 3: min compares 3 < rank + 1, which ranks disagree on
+    # Comparisons every rank agrees on still answer.
+    with sv.record():
+        assert dist.get_rank() < 4 and dist.get_rank() != 7
+
+
 def test_python_use_of_the_simulated_rank_is_explained(mesh4):
+    # A per-rank value where Python needs one int: torch's bare AttributeError, explained.
     x = torch.arange(8.0)
-    if GET_RANK_PER_RANK:
-        # A per-rank value where Python needs one int: torch's bare AttributeError, explained.
-        with pytest.raises(AttributeError, match=r"sv\.per_rank\(lambda rank"), sv.record():
-            x.chunk(4)[dist.get_rank()]
-    else:
-        with warnings.catch_warnings(), sv.record():
-            warnings.simplefilter("ignore", SimulationWarning)
-            mine = x.chunk(4)[dist.get_rank()]
-        assert mine.tolist() == [0.0, 1.0]  # rank 0's chunk, on every rank
+    with pytest.raises(AttributeError, match=r"sv\.per_rank\(lambda rank"), sv.record():
+        x.chunk(4)[dist.get_rank()]
 
 
 def test_rank_dependent_chunks_with_per_rank(mesh4):
