@@ -169,6 +169,29 @@ def local_of(dt: DTensor) -> torch.Tensor:
 # --- tensor internals ---------------------------------------------------------------------------
 
 
+def forget_dtensor_caches() -> None:
+    """Forget DTensor's sharding caches when a new world (process group) begins.
+
+    DTensor caches sharding propagation (in C++ and Python) and redistribute planners by specs
+    whose DeviceMesh compares by value, and the cached output specs hold the mesh they were made
+    on. After ``sv.use`` tears a simulated world down and builds another, an equal mesh of the new
+    world hits those entries and gets the old mesh back, whose group names now stand for other
+    groups of the new world: collectives then ran over the wrong ranks (a Llama's sequence
+    all-gathered over 2 ranks instead of 4, or a failed unpad check).
+    """
+    from torch.distributed.tensor import _redistribute
+
+    clears = (
+        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),  # the C++ fast path's
+        getattr(DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding, "cache_clear", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+        getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+    )
+    for clear in clears:
+        if clear is not None:
+            clear()
+
+
 def own_copies(dt: DTensor, ranks: Sequence[int]) -> bool:
     """Give each simulated rank its own copy of a DTensor's local tensor when all ranks share one
     plain tensor, before an op writes it; True when it did.
