@@ -565,6 +565,83 @@ def bench_llama() -> list[Row]:
     ]
 
 
+_LLAMA_SETUP = """
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from shardviz.examples.llama import ModelArgs, Transformer, parallelize
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+model = parallelize(Transformer(ModelArgs()), mesh["tp"])
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+tokens = torch.randint(0, 128, (2, 16))
+"""
+_LLAMA_STEP = "loss = model(tokens).float().mean()\nloss.backward()\nopt.step()\nopt.zero_grad()\nloss.item()"
+
+
+_MLP_SETUP = """
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+torch.manual_seed(0)
+mesh = init_device_mesh("cpu", (WORLD,))
+plan = {"0": ColwiseParallel(), "1": RowwiseParallel(), "2": ColwiseParallel(), "3": RowwiseParallel()}
+model = parallelize_module(nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)]), mesh, plan)
+x = torch.randn(64, 256)
+"""
+_MLP_STEP = "model(x).sum().item()"
+
+
+def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tuple[float, float, float]:
+    """A recorded %%spmd cell on one thread per rank and on the lockstep simulator, taking turns:
+    (threads ms, lockstep ms, paired ratio). Both must give the same value."""
+    import types
+
+    from shardviz import backends
+    from shardviz.backends.local import LocalBackend
+    from shardviz.backends.threads import ThreadsBackend
+
+    sims: dict[str, Any] = {"lockstep": LocalBackend(world), "threads": ThreadsBackend(world)}
+    shells = {k: types.SimpleNamespace(user_ns={}) for k in sims}
+    got = {}
+    for k, b in sims.items():
+        with backends.swapped(b):
+            b.run_cell(setup.replace("WORLD", str(world)), shells[k])
+            got[k] = b.run_cell(step, shells[k])
+    assert got["lockstep"] == got["threads"], got  # the same step, the same value
+    now: list[str] = []
+
+    @contextlib.contextmanager
+    def on(k: str) -> Iterator[None]:
+        now[:] = [k]
+        with backends.swapped(sims[k]):
+            yield
+
+    def body() -> object:
+        return sims[now[0]].run_cell(step, shells[now[0]])
+
+    med, ratio = interleaved({k: (lambda k=k: on(k)) for k in sims}, body, rounds=rounds)
+    for b in sims.values():
+        b.close()
+    return med["threads"], med["lockstep"], ratio["threads"]
+
+
+def bench_threads() -> list[Row]:
+    """Recorded ``%%spmd`` cells on one thread per rank (``sv.use("threads")``) against the
+    lockstep simulator (``sv.use("local")``) in the same run, the model kept from a set-up cell:
+    the Llama step of ``bench_llama``, and the TP MLP forward of ``bench_recording`` at 8 and 16
+    ranks (lockstep dispatches each DTensor op once for all ranks, the threads once per rank)."""
+    torch.set_num_threads(1)
+    rows = []
+    progress("one thread per rank vs lockstep: Llama-style training step on 8 ranks")
+    t, b, r = _threads_vs_lockstep(8, _LLAMA_SETUP, _LLAMA_STEP, rounds=10)
+    rows.append(("Llama step (8 ranks), recorded %%spmd cell, one thread per rank", t, b, r))
+    for world in (8, 16):
+        progress(f"one thread per rank vs lockstep: TP MLP forward on {world} ranks")
+        t, b, r = _threads_vs_lockstep(world, _MLP_SETUP, _MLP_STEP, rounds=15)
+        rows.append((f"TP MLP forward ({world} ranks), recorded %%spmd cell, one thread per rank", t, b, r))
+    return [
+        (k, f"{t * 1e3:.0f} ms", f"{b * 1e3:.0f} ms (lockstep simulator)", f"{r:.2f}x") for k, t, b, r in rows
 def bench_numerics() -> list[Row]:
     """sv.diff of the Llama step (plain-torch reference, the parallel step captured module by
     module, full tensors assembled and compared) against recording the same parallel step alone
@@ -636,6 +713,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
     "llama": bench_llama,
+    "threads": bench_threads,
     "scale": bench_scale,
     "collectives": bench_collectives,
     "memory": bench_memory,

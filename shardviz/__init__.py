@@ -88,7 +88,9 @@ def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Tra
 
 
 def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:
-    """Choose where SPMD code runs: ``"local"`` (simulated in this kernel), ``"gloo"`` or ``"nccl"``.
+    """Choose where SPMD code runs: ``"local"`` (simulated in this kernel, every rank at once),
+    ``"threads"`` (simulated in this kernel, one thread per rank: Python may branch on the rank),
+    ``"gloo"`` or ``"nccl"`` (real processes).
 
     Calling it again with the same arguments changes nothing; other arguments rebuild the backend.
     """

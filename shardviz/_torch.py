@@ -584,6 +584,22 @@ def process_group_desc(group: Any) -> str:
     return str(getattr(_process_group(group), "group_desc", "") or "")
 
 
+def is_default_group(group: Any) -> bool:
+    """Whether ``group`` is the default process group (which a 1-D mesh of the whole world reuses)."""
+    try:
+        world = dist.group.WORLD
+        return world is not None and process_group_key(group) == process_group_key(world)
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+
+
+# The c10d Python API between a user's ``dist.*`` call and the op a dispatch mode sees: a call
+# that passes only these (and dispatch plumbing) on its way from user code is a raw ``dist.*`` call.
+C10D_API_FILES = tuple(
+    os.path.join(TORCH_DIR, "distributed", f) for f in ("distributed_c10d.py", "c10d_logger.py")
+)
+
+
 def debug_mode_counter(delta: int) -> None:
     """Tell DTensor a DebugMode-like recorder is (or is no longer) active.
 
@@ -676,16 +692,12 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
-        self._fsdp = False  # an FSDP2 module has run in this recording
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
-                # fully_shard makes a module an FSDPModule: its collectives are then looked up
-                # by their parameter group (see current), in the simulator and on real ranks.
-                self._fsdp = self._fsdp or hasattr(type(sub), "set_requires_gradient_sync")
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
@@ -705,10 +717,12 @@ class ModuleStack:
         if end > start:
             self._spans.append((start, end, name))
 
-    def current(self) -> str | None:
-        if self._fsdp:
-            owner = _fsdp_owner(sys._getframe(1))
-            name = self._names.get(owner) if owner is not None else None  # named once its model ran
+    def current(self, fsdp_owner: Any = None) -> str | None:
+        """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
+        of its frame, found by the walk to the user's line): what that group communicates
+        belongs to it, in the simulator and on real ranks, whichever module's hook ran it."""
+        if fsdp_owner is not None:
+            name = self._names.get(fsdp_owner)  # named once its model ran
             if name is not None:
                 return name
         if in_backward():
@@ -913,17 +927,17 @@ _FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 
 
-def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
-    """The module whose FSDP parameter group issues what is running (its all-gather, its
-    reduce-scatter), found on the stack: FSDP runs them from hooks of other modules (the next
-    layer's pre-backward re-gathers this one) and from the autograd engine's callbacks."""
-    while frame is not None and depth:
-        if frame.f_code.co_filename.endswith("_fsdp_param_group.py"):
-            modules = getattr(frame.f_locals.get("self"), "modules", None)
-            if modules:
-                return modules[0]
-        frame, depth = frame.f_back, depth - 1
-    return None
+# The source file of FSDP2's parameter groups: a frame of it on the stack means FSDP itself issues
+# what is running (an all-gather, a reduce-scatter), from hooks of other modules (the next layer's
+# pre-backward re-gathers this one) or from the autograd engine's callbacks.
+FSDP_GROUP_FILE = os.path.join(TORCH_DIR, *_FSDP_GROUP.split(".")[1:]) + ".py"
+
+
+def fsdp_owner(frame: FrameType) -> Any:
+    """The module whose FSDP parameter group runs ``frame`` (a frame of ``FSDP_GROUP_FILE``), or
+    None (a function there that is no method of a group)."""
+    modules = getattr(frame.f_locals.get("self"), "modules", None)
+    return modules[0] if modules else None
 
 
 # Called as ``listener(rank, tensor)`` after FSDP2 resizes a storage in place in the simulation
@@ -1294,6 +1308,7 @@ class ThreadedP2P:
         self.finished: set[int] = set()
         self.waiting: dict[int, tuple[Any, str]] = {}
         self.error: BaseException | None = None
+        self.interrupted: BaseException | None = None  # what stopped the calling thread (Ctrl-C)
         self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
         self.results: dict[int, Any] = {}
         self._runner: Any = None
@@ -1324,6 +1339,7 @@ class ThreadedP2P:
             self._local.thread = t
             cond = cond_box[0]
             self._await_turn(t)
+            self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
                 with LocalTensorMode(self.world_size):
                     try:
@@ -1337,12 +1353,21 @@ class ThreadedP2P:
                         # Keep this thread's mode (and the globals it patched) until all are done.
                         self.finished.add(t)
                         self.turn = self._next_runnable(t)
-                        if self.turn is None and self.waiting and self.error is None:
+                        if (
+                            self.turn is None
+                            and self.waiting
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             # the rest wait for messages that no running thread can send
                             blocked = {u: w[1] for u, w in self.waiting.items()}
                             self.error = P2PStuck(self._deadlock_text(blocked))
                         cond.notify_all()
-                        while len(self.finished) < self.threads and self.error is None:
+                        while (
+                            len(self.finished) < self.threads
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             cond.wait(0.5)
             finally:
                 cond.notify_all()
@@ -1353,25 +1378,48 @@ class ThreadedP2P:
         cond_box.append(runner._run_cond)
         self._runner = runner
         try:
-            runner.__enter__()
+            try:
+                runner.__enter__()  # starts the threads
+                self._join(runner)
+            except BaseException as e:
+                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run:
+                # they stop at their next operator or wait, and are joined before the globals they
+                # run under are reset, so that a later run starts clean.
+                self.interrupted = e
+                self._join(runner)
+                raise
         finally:
-            # Join every thread without LocalRunnerMode.__exit__: it re-raises the first thread's
-            # error before resetting its globals and leaves the other threads unjoined.
-            for thread in runner._runners:
-                threading.Thread.join(thread)
-            ltm_mod._LOCAL_RUNNER_MODE = None
+            # Not LocalRunnerMode.__exit__: it re-raises the first thread's error before resetting
+            # its globals and leaves the other threads unjoined.
+            if getattr(ltm_mod, "_LOCAL_RUNNER_MODE", None) is runner:
+                ltm_mod._LOCAL_RUNNER_MODE = None
             ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)
         if self.error is not None:
             raise self.error
         return self.results
 
+    @staticmethod
+    def _join(runner: Any) -> None:
+        """Wait for every runner thread that was started (a KeyboardInterrupt can come while
+        ``LocalRunnerMode`` starts them)."""
+        for thread in runner._runners:
+            if thread.ident is not None:
+                threading.Thread.join(thread)
+
+    def check_stop(self) -> None:
+        """Raise ``P2PAborted`` in a runner thread once another thread failed or the run was
+        interrupted."""
+        if self.interrupted is not None:
+            raise P2PAborted(f"stopped: the run was interrupted ({type(self.interrupted).__name__})")
+        if self.error is not None:
+            raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+
     def _await_turn(self, t: int) -> None:
         """Wait (releasing the run lock) until it is thread ``t``'s turn, or a thread failed."""
         cond = self._runner._run_cond
         while self.turn != t:
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             cond.wait(0.5)
 
     def _next_runnable(self, t: int) -> int | None:
@@ -1391,8 +1439,7 @@ class ThreadedP2P:
         cond = self._runner._run_cond
         t = self.thread
         while not ready():
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             self.waiting[t] = (ready, what)
             nxt = self._next_runnable(t)
             if nxt is None:
@@ -1443,6 +1490,8 @@ class P2PMode(TorchDispatchMode):
         return mine[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.sim.interrupted is not None:
+            self.sim.check_stop()  # Ctrl-C in the calling thread: stop at this operator
         kwargs = kwargs or {}
         if func is torch.ops.c10d.send.default:
             return self._send(*args, **kwargs)
@@ -1572,3 +1621,78 @@ def pipeline_stage_hooks(group_rank: Any, on_compute: Any, on_ops: Any) -> Itera
     finally:
         for name, orig in originals.items():
             setattr(_PipelineStageBase, name, orig)
+
+
+# --- one thread per rank (sv.use("threads")): a c10d world per thread ------------------------
+# torch.distributed keeps its state (the default group, group names and ranks) in one module-level
+# ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
+# threaded test process group makes both per-thread; shardviz's rank threads use the same two
+# switches (torch's ThreadLocalWorld follows ``_World``'s fields from release to release).
+
+
+@contextlib.contextmanager
+def thread_local_c10d() -> Iterator[None]:
+    """While it lasts, each thread has its own torch.distributed state: a rank thread's default
+    process group, its meshes' groups and their names are its own, kept from one entry to the
+    next (they live in the thread). The notebook's own state is put back after."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    c10d = dist.distributed_c10d
+    isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
+    saved = c10d._world
+    c10d._world = ThreadLocalWorld()  # type: ignore[assignment]
+    isolate(True)
+    try:
+        yield
+    finally:
+        isolate(False)
+        c10d._world = saved
+
+
+def callback_work(wait: Callable[..., bool]) -> Any:
+    """A c10d Work, boxed as c10d ops return it, whose ``wait()`` calls ``wait(timeout)``: a
+    receive that blocks only when its result is asked for (``irecv``, ``batch_isend_irecv``)."""
+    from torch._C._distributed_c10d import PythonCallbackWork
+
+    return dist.distributed_c10d.Work.boxed(PythonCallbackWork(wait))
+
+
+def process_state() -> tuple[Any, ...]:
+    """What of torch's process-wide state a rank changes for itself: the CPU generator, the
+    default dtype, and DTensor's custom op handlers (``loss_parallel()`` adds its own while its
+    block lasts). Each rank thread has its own, swapped in when it runs, as if it were a process."""
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers))
+
+
+def restore_process_state(state: tuple[Any, ...]) -> None:
+    rng, dtype, handlers, contents = state
+    torch.set_rng_state(rng)
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+    dispatcher = DTensor._op_dispatcher
+    if dispatcher._custom_op_handlers is not handlers:
+        dispatcher._custom_op_handlers = handlers
+    if handlers != contents:
+        handlers.clear()
+        handlers.update(contents)
+
+
+RANK_BACKEND = "shardviz"
+
+
+def rank_backend() -> str:
+    """The process-group backend of a rank thread: torch's fake process group, whose every
+    collective reaches the dispatcher (where shardviz carries it out), under a name of its own.
+    Torch code that skips communicating on a group named "fake" (pipelining's shape inference
+    and p2p set-up from torch 2.15, DeviceMesh's device set-up) then does what it would on the
+    real backend the rank stands for."""
+    if RANK_BACKEND.upper() not in dist.Backend._plugins:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        def create(common: Any, options: Any) -> Any:
+            # as torch's own "fake" backend creates it (the stubs lack the options argument)
+            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)  # type: ignore[call-arg]
+
+        dist.Backend.register_backend(RANK_BACKEND, create, extended_api=True, devices=["cpu"])
+    return RANK_BACKEND

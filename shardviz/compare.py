@@ -130,7 +130,7 @@ def _real_backend(who: str) -> Backend:
     if real.simulated:
         raise BackendError(
             f"{who} compares the simulator with real process groups: switch to one first, e.g. "
-            "sv.use('gloo', world_size=4)"
+            "sv.use('gloo', world_size=4), or to one thread per rank: sv.use('threads', world_size=4)"
         )
     return real
 

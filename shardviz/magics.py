@@ -17,6 +17,7 @@ from . import backends
 
 USAGE = """\
 %shardviz use local [N]            simulate N ranks in this kernel (default 4)
+%shardviz use threads [N]          simulate N ranks in this kernel, one thread per rank
 %shardviz use gloo N [key=value]   N real CPU processes (ipyparallel engines)
 %shardviz use nccl N [key=value]   N real GPU processes, one per GPU
 %shardviz restart                  rebuild the current backend
@@ -42,7 +43,7 @@ def _number_or_word(text: str) -> Any:
 def parse_use(words: list[str]) -> tuple[str, int | None, dict[str, Any]]:
     """``use <backend> [N] [key=value ...]`` as (backend, world_size, options)."""
     if not words:
-        raise ValueError("usage: %shardviz use <local|gloo|nccl> [N] [key=value ...]")
+        raise ValueError("usage: %shardviz use <local|threads|gloo|nccl> [N] [key=value ...]")
     name, rest = words[0], words[1:]
     world_size = None
     options: dict[str, Any] = {}

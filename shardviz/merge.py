@@ -50,26 +50,35 @@ def merge(
     check_sequences({r: traces[r].events for r in ranks})
 
     meshes = _union_meshes([m for r in ranks for m in traces[r].meshes])
-    candidates = [_mesh_info(m) for m in _union_meshes([*meshes, *known_meshes])]
+    candidates = mesh_candidates([*meshes, *known_meshes])
     out = Trace(world_size, backend, values)
     out.meshes = meshes
     out.complete = all(traces[r].complete for r in ranks)
     dropped = [d for d in (traces[r].values_dropped_from for r in ranks) if d is not None]
     out.values_dropped_from = min(dropped) if dropped else None
-    events: list[Event] = []
-    for i in range(len(traces[ranks[0]].events)):
-        per_rank = {r: traces[r].events[i] for r in ranks}
-        first = per_rank[ranks[0]]
-        if isinstance(first, CollectiveEvent):
-            events.append(_merge_collective(i, per_rank, candidates))  # type: ignore[arg-type]
-        elif hasattr(first, "inputs") and hasattr(first, "outputs"):  # per-rank local compute
-            events.append(
-                dataclasses.replace(first, inputs=_own(per_rank, "inputs"), outputs=_own(per_rank, "outputs"))  # type: ignore[call-arg]
-            )
-        else:
-            events.append(first)
+    events = [
+        merge_event(i, {r: traces[r].events[i] for r in ranks}, candidates)
+        for i in range(len(traces[ranks[0]].events))
+    ]
     out.events = events
     return out
+
+
+def merge_event(i: int, per_rank: Mapping[int, Event], candidates: list[_mesh.MeshInfo]) -> Event:
+    """One step that several ranks recorded alike (``per_rank``: rank -> its event) as one event:
+    every rank's buffers, every group that ran it. ``candidates``: see ``mesh_candidates``."""
+    first = per_rank[min(per_rank)]
+    if isinstance(first, CollectiveEvent):
+        return _merge_collective(i, per_rank, candidates)  # type: ignore[arg-type]
+    if hasattr(first, "inputs") and hasattr(first, "outputs"):  # per-rank local compute
+        return dataclasses.replace(first, inputs=_own(per_rank, "inputs"), outputs=_own(per_rank, "outputs"))  # type: ignore[call-arg]
+    return first
+
+
+def mesh_candidates(meshes: Iterable[dict[str, Any]]) -> list[_mesh.MeshInfo]:
+    """The meshes (``trace.meshes`` entries, duplicates dropped) a merged collective's groups are
+    matched against to name its mesh dim."""
+    return [_mesh_info(m) for m in _union_meshes(meshes)]
 
 
 def check_sequences(events: Mapping[int, Sequence[Event]]) -> None:
@@ -120,7 +129,7 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def _merge_collective(
-    i: int, per_rank: dict[int, CollectiveEvent], candidates: list[_mesh.MeshInfo]
+    i: int, per_rank: Mapping[int, CollectiveEvent], candidates: list[_mesh.MeshInfo]
 ) -> CollectiveEvent:
     groups = _merge_groups(i, per_rank)
     names = {e.mesh_dim_name for e in per_rank.values()}
@@ -129,6 +138,8 @@ def _merge_collective(
     dim, name = _mesh.find_dim(groups, candidates, hint)
     if dim is None and name is None:
         dim, name = first.mesh_dim, first.mesh_dim_name
+    if all(e.params.get(_mesh.DEFAULT_GROUP) for e in per_rank.values()):
+        dim, name = None, None  # a raw dist.* call on the default group, as in the simulator
     return dataclasses.replace(
         first,
         groups=groups,
@@ -150,7 +161,7 @@ def _own(per_rank: Mapping[int, Event], attr: str) -> dict[int, Any]:
     return out
 
 
-def _merge_groups(i: int, per_rank: dict[int, CollectiveEvent]) -> tuple[tuple[int, ...], ...]:
+def _merge_groups(i: int, per_rank: Mapping[int, CollectiveEvent]) -> tuple[tuple[int, ...], ...]:
     """The distinct groups the ranks reported, sorted; each rank in exactly one of them."""
     reported: dict[int, tuple[int, ...]] = {}
     for r, e in per_rank.items():

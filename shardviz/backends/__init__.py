@@ -10,7 +10,7 @@ from .base import Backend, draw
 from .local import LocalBackend
 
 DEFAULT_WORLD_SIZE = 4
-BACKENDS = ("local", "gloo", "nccl")
+BACKENDS = ("local", "threads", "gloo", "nccl")
 
 _current: Backend | None = None
 _default_key: tuple[Any, ...] = ("local", DEFAULT_WORLD_SIZE)
@@ -21,6 +21,12 @@ def _build(name: str, world_size: int, **options: Any) -> Backend:
         if options:
             raise TypeError(f"the local backend takes no options, got {sorted(options)}")
         return LocalBackend(world_size)
+    if name == "threads":
+        if options:
+            raise TypeError(f"the threads backend takes no options, got {sorted(options)}")
+        from .threads import ThreadsBackend
+
+        return ThreadsBackend(world_size)
     if name in ("gloo", "nccl"):
         from .cluster import ClusterBackend
 

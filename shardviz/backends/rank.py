@@ -507,21 +507,34 @@ class ShowMarker:
 def gather_show(obj: Any, **options: Any) -> Any:
     """``sv.show`` inside a ``%%spmd`` cell: keep this rank's layout and shard (on the CPU) for the
     client, which gathers every rank's and draws the widget in the notebook."""
+    st = _require_state()
+    payload = show_payload(obj, st.rank, **options)
+    if not isinstance(payload, dict):
+        return payload
+    mid = st.next_show
+    st.next_show += 1
+    st.shows[mid] = payload
+    for old in [k for k in st.shows if k < mid - _MAX_SHOWS]:
+        del st.shows[old]
+    return ShowMarker(mid)
+
+
+def show_payload(obj: Any, rank: int, **options: Any) -> Any:
+    """What ``rank`` contributes to ``sv.show(obj)`` inside a cell: its layout and shard (or its
+    chunk of a global tensor, ``of=``) as plain data, which ``cluster.draw_show`` draws together
+    with the other ranks'. A module gives its model map, the same on every rank, not a payload."""
     from ..layout import Layout
     from ..layout import compute as compute_layout
     from ..recorder import to_numpy
 
-    st = _require_state()
     if "of" in options:  # this rank's hand-made chunk of a global tensor: the client places it
         from ..chunks import find_offset, resolve_offsets
 
         whole = to_numpy(options.pop("of"))
         chunk = to_numpy(obj)
-        given = resolve_offsets(options.pop("offsets", None), [st.rank])
-        offset = given[st.rank] if given else find_offset(whole, chunk, st.rank)
-        mid = st.next_show
-        st.next_show += 1
-        st.shows[mid] = {
+        given = resolve_offsets(options.pop("offsets", None), [rank])
+        offset = given[rank] if given else find_offset(whole, chunk, rank)
+        return {
             "chunk": {
                 "offset": list(offset),
                 "global_shape": list(whole.shape),
@@ -530,7 +543,6 @@ def gather_show(obj: Any, **options: Any) -> Any:
             "values": chunk,
             "options": options,
         }
-        return ShowMarker(mid)
     if isinstance(obj, torch.nn.Module):
         # The model map is plain data, the same on every rank: it travels back as the cell's
         # value (or displays as its text table); sv.show(map) in an ordinary cell draws the widget.
@@ -553,12 +565,7 @@ def gather_show(obj: Any, **options: Any) -> Any:
         raise TypeError(
             "sv.show options inside a %%spmd cell must be plain values (numbers, strings, lists)"
         ) from None
-    mid = st.next_show
-    st.next_show += 1
-    st.shows[mid] = {"layout": layout.to_dict(), "values": values, "options": options}
-    for old in [k for k in st.shows if k < mid - _MAX_SHOWS]:
-        del st.shows[old]
-    return ShowMarker(mid)
+    return {"layout": layout.to_dict(), "values": values, "options": options}
 
 
 # --- running code --------------------------------------------------------------------------------

@@ -121,20 +121,25 @@ class Recorder(_torch.DebugMode):
         values: str | int | ValueBudget,
         rank: int | None = None,
         on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
+        alias_buffers: bool = True,
     ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
         number records one real process's own buffers and group, for the client to merge.
         ``values`` is the value policy, or a budget shared with other recorders of one trace.
         ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
         collective runs and ``"leave"`` after: a real rank publishes it so that the client can
-        tell where a rank blocked inside the collective is."""
+        tell where a rank blocked inside the collective is. ``alias_buffers=False`` copies every
+        snapshot at once (see ``Snapshots``)."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
         self.rank = rank
         self.on_collective = on_collective
-        self.snaps = Snapshots(values if isinstance(values, ValueBudget) else ValueBudget(values))
+        self.snaps = Snapshots(
+            values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
+        )
         self._slots: list[Event | None] = []
+        self.ended = 0  # events completed so far: what ``partial`` shows changes with it
         self._stack: list[_redistribute.OpenRedistribute] = []  # redistributes entered, not left
         self._has_children: set[int] = set()
         self._current_op: int | None = None
@@ -194,14 +199,16 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         source, module, phase, _ = self._context()
         self._note_mesh(dt.device_mesh)
-        self._slots[eid] = OpEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=name,
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=name,
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
 
     def _track(self, t: Any) -> None:
@@ -229,14 +236,16 @@ class Recorder(_torch.DebugMode):
         snaps_in = self.snaps.take(inputs, ranks, eid, alias=not written(func)) if inputs else {}
         out = self._plain(func, args, kwargs)
         self._track(out)
-        self._slots[eid] = LocalEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            inputs=snaps_in,
-            outputs=self.snaps.take(out, ranks, eid),
+        self._end(
+            LocalEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                inputs=snaps_in,
+                outputs=self.snaps.take(out, ranks, eid),
+            )
         )
         return out
 
@@ -317,7 +326,7 @@ class Recorder(_torch.DebugMode):
     def close_redistribute(self, opened: _redistribute.OpenRedistribute) -> None:
         popped = self._stack.pop()
         assert popped is opened, "redistributes close in the order they opened"
-        self._slots[opened.id] = opened.event()
+        self._end(opened.event())
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -368,6 +377,11 @@ class Recorder(_torch.DebugMode):
         self._slots.append(None)
         return len(self._slots) - 1
 
+    def _end(self, event: Event) -> None:
+        """An event begun with ``_reserve`` is complete."""
+        self._slots[event.id] = event
+        self.ended += 1
+
     def _parent(self, in_dispatch: bool) -> int | None:
         if self._stack:
             return self._stack[-1].id
@@ -375,9 +389,12 @@ class Recorder(_torch.DebugMode):
             return self._current_op
         return None
 
-    def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes)
-        module = self.modules.current()
+    def _context(
+        self, meshes: list[Any] | None = None, on_behalf: list[bool] | None = None
+    ) -> tuple[Source | None, str | None, str | None, bool]:
+        fsdp: list[Any] = []
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp, on_behalf)
+        module = self.modules.current(fsdp[0] if fsdp else None)
         backward = _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
         return frames.source(frame), module, phase, in_dispatch
@@ -400,15 +417,17 @@ class Recorder(_torch.DebugMode):
             _torch.TorchDispatchMode.__exit__(self, None, None, None)
             self._in_dtensor_op = False
         outputs = tuple(_torch.placements_str(o.placements) for o in flatten(out) if _torch.is_dtensor(o))
-        self._slots[eid] = OpEvent(
-            id=eid,
-            parent=None,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                parent=None,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
         return out
 
@@ -437,16 +456,20 @@ class Recorder(_torch.DebugMode):
         # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
         # redistribute's mesh): several live meshes can have the same groups, and it names them.
         parent: int | None
+        meshes: list[Any] = []
+        on_behalf: list[bool] = []
         if self._stack:
             # Inside a redistribute, which has already found the user's line and noted the mesh.
             top = self._stack[-1]
             parent, source, module, phase = top.id, top.source, top.module, top.phase
         else:
-            meshes: list[Any] = []
-            source, module, phase, in_dispatch = self._context(meshes)
+            source, module, phase, in_dispatch = self._context(meshes, on_behalf)
             for m in meshes:
                 self._note_mesh(m)
             parent = self._parent(in_dispatch)
+        # A dist.* call straight from user code on the default group: no mesh dim, even where a
+        # 1-D mesh of the whole world (which reuses the default group) exists.
+        raw = not self._stack and parent is None and not meshes and not on_behalf
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
@@ -508,7 +531,7 @@ class Recorder(_torch.DebugMode):
         desc = self._desc(gkey, group)
         if parent is not None:
             self._has_children.add(parent)
-        event = self._slots[eid] = CollectiveEvent(
+        event = CollectiveEvent(
             id=eid,
             parent=parent,
             source=source,
@@ -525,6 +548,10 @@ class Recorder(_torch.DebugMode):
             params=params(bound, spec),
         )
         self._group_desc[id(event)] = desc
+        if raw and _torch.is_default_group(group):
+            # on the default group straight from user code: no mesh dim (merges keep it so too)
+            event.params[_mesh.DEFAULT_GROUP] = True
+        self._end(event)
         return out
 
     # --- groups and meshes -------------------------------------------------------------------
@@ -652,7 +679,7 @@ class Recorder(_torch.DebugMode):
                 hit = dims.get(key)
                 if hit is None:
                     hit = dims[key] = mesh_dim(e.groups, desc, own, generation)
-                dim, name = hit
+                dim, name = hit if not e.params.get(_mesh.DEFAULT_GROUP) else (None, None)
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept

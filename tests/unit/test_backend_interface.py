@@ -18,9 +18,10 @@ from shardviz.backends.base import Backend
 from shardviz.backends.cluster import ClusterBackend
 from shardviz.backends.local import LocalBackend
 from shardviz.backends.rank import RankBackend
+from shardviz.backends.threads import ThreadsBackend
 from shardviz.errors import BackendError
 
-BACKENDS = [LocalBackend, ClusterBackend, RankBackend]
+BACKENDS = [LocalBackend, ClusterBackend, RankBackend, ThreadsBackend]
 METHODS = sorted(n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
 
 
@@ -55,6 +56,8 @@ def test_every_backend_implements_every_method(cls):
 def test_the_simulator_is_the_one_simulated_backend():
     assert LocalBackend.simulated is True
     assert ClusterBackend.simulated is False and RankBackend.simulated is False
+    # one thread per rank runs no LocalTensorMode: sv.compare runs the lockstep simulator next to it
+    assert ThreadsBackend.simulated is False
 
 
 def _real(cls: type) -> object:
@@ -116,6 +119,7 @@ def test_importing_the_backends_loads_no_ipython():
     code = (
         "import sys\n"
         "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster, shardviz.cells\n"
+        "import shardviz.backends.threads\n"
         "print(sorted(m for m in sys.modules if m == 'shardviz.magics' or m.split('.')[0] == 'IPython'))"
     )
     done = subprocess.run(
