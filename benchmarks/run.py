@@ -642,6 +642,9 @@ def bench_threads() -> list[Row]:
         rows.append((f"TP MLP forward ({world} ranks), recorded %%spmd cell, one thread per rank", t, b, r))
     return [
         (k, f"{t * 1e3:.0f} ms", f"{b * 1e3:.0f} ms (lockstep simulator)", f"{r:.2f}x") for k, t, b, r in rows
+    ]
+
+
 def bench_numerics() -> list[Row]:
     """sv.diff of the Llama step (plain-torch reference, the parallel step captured module by
     module, full tensors assembled and compared) against recording the same parallel step alone

@@ -61,7 +61,9 @@ def test_the_first_difference_opens_with_its_layout_and_error(page, tmp_path):
     # The pixel of the wrong element is the top of the colour scale; a right one the bottom.
     top, good = p.eval_on_selector(
         "[data-detail-row] canvas.sv-heat",
-        "c => { const d = c.getContext('2d'); return [Array.from(d.getImageData(3, 1, 1, 1).data), Array.from(d.getImageData(0, 0, 1, 1).data)]; }",
+        "c => { const d = c.getContext('2d');"
+        " const px = (x, y) => Array.from(d.getImageData(x, y, 1, 1).data);"
+        " return [px(3, 1), px(0, 0)]; }",
     )
     assert top[:3] != good[:3]
     # The event is shown as text: its markup never runs.
