@@ -129,15 +129,16 @@ def diff(
     function that takes a copy of it (same initial weights), builds the mesh, applies TP / FSDP /
     any plan and returns the module. The same step — ``model(*inputs)``, ``loss(output)``,
     backward, ``optimizer(params).step()`` — runs in plain torch here (the reference) and through
-    ``sv.run`` on the current backend (the lockstep simulator or real ranks). Every module call's
+    ``sv.run`` on the current backend (the lockstep simulator, one thread per rank, or real ranks).
+    Every module call's
     inputs and outputs, the gradients flowing back out of it, every parameter at the start, its
     gradient and its value after the step are assembled into full tensors from the ranks' shards
     (replicas checked against each other) and compared; the report names the first row beyond
     tolerance, with the collectives and redistributes just before it, then everything after.
 
     ``against=``: another ``parallelize`` function (two parallel configurations: TP=2 against
-    TP=4), or ``"simulator"`` on a real backend (the same function in the simulator against the
-    real ranks); the other side is then the reference. ``sv.diff(a, b)`` compares two
+    TP=4), or ``"simulator"`` on real ranks or threads (the same function in the lockstep simulator
+    against them); the other side is then the reference. ``sv.diff(a, b)`` compares two
     ``sv.numerics`` runs.
 
     Options: ``loss`` (default: the output's mean), ``optimizer`` (a function of the parameters;
@@ -207,9 +208,9 @@ def _in_simulator(
     real = backends.current()
     if real.simulated:
         raise BackendError(
-            "sv.diff(..., against='simulator') sets real ranks against the simulator: switch to a real "
-            "backend first (sv.use('gloo', world_size=4)); in the simulator, sv.diff(model, parallelize, "
-            "inputs) compares with plain torch"
+            "sv.diff(..., against='simulator') sets real ranks (or one thread per rank) against the "
+            "lockstep simulator: switch first (sv.use('gloo', world_size=4) or sv.use('threads', "
+            "world_size=4)); in the simulator, sv.diff(model, parallelize, inputs) compares with plain torch"
         )
     with _simulator(real.world_size):
         return numerics(

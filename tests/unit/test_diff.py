@@ -13,6 +13,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -359,3 +360,45 @@ def test_refusals_before_anything_runs():
         sv.diff(model, tp_mlp, x, tolerance="loose")
     with pytest.raises(ValueError, match="against="):
         sv.diff(model, tp_mlp, x, against="gloo")
+
+
+# --- one thread per rank --------------------------------------------------------------------------
+
+
+class RankOffsetEmbedding(VocabParallelEmbedding):
+    """The vocab-parallel embedding written as on real ranks: the offset from ``dist.get_rank``
+    of a process group, a plain int per rank (what ``sv.use("threads")`` gives)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.rank_mesh is None:
+            return F.embedding(ids, self.weight)
+        local = self.weight.to_local()
+        rows = local.shape[0]
+        start = dist.get_rank(self.rank_mesh.get_group()) * rows
+        outside = (ids < start) | (ids >= start + rows)
+        out = F.embedding((ids - start).masked_fill(outside, 0), local) * (~outside).unsqueeze(-1)
+        return DTensor.from_local(out, self.weight.device_mesh, [Partial()]).full_tensor()
+
+
+class RankLM(LM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = RankOffsetEmbedding(32, 8)
+
+
+def test_one_thread_per_rank_runs_the_same_diff_and_finds_the_wrong_groups_rank(llama):
+    sv.use("threads", world_size=8)
+    try:
+        model, tokens = llama
+        assert sv.diff(model, tp_sp, tokens).ok
+        # The same function in the lockstep simulator against the threads: the same numbers.
+        both = sv.diff(model, tp_sp, tokens, against="simulator")
+        assert both.ok and both.reference == "tp_sp on local (8 ranks)"
+        torch.manual_seed(0)
+        lm, ids = RankLM(), torch.randint(0, 32, (2, 6))
+        assert sv.diff(lm, vocab_parallel, ids).ok  # dist.get_rank(tp group): right
+        first = sv.diff(lm, offset_from_dp, ids).first  # dist.get_rank(dp group): the bug
+        assert first is not None and (first.module, first.what) == ("RankLM.embed", "output")
+        assert first.disagreements[0].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    finally:
+        sv.use("local", world_size=4)
