@@ -130,11 +130,11 @@ def diff(
     any plan and returns the module. The same step — ``model(*inputs)``, ``loss(output)``,
     backward, ``optimizer(params).step()`` — runs in plain torch here (the reference) and through
     ``sv.run`` on the current backend (the lockstep simulator, one thread per rank, or real ranks).
-    Every module call's
-    inputs and outputs, the gradients flowing back out of it, every parameter at the start, its
-    gradient and its value after the step are assembled into full tensors from the ranks' shards
-    (replicas checked against each other) and compared; the report names the first row beyond
-    tolerance, with the collectives and redistributes just before it, then everything after.
+    Every module call's inputs and outputs, the gradients flowing back out of it, every parameter
+    at the start, its gradient and its value after the step are assembled into full tensors from
+    the ranks' shards (replicas checked against each other) and compared; the report names the
+    first row beyond tolerance, with the collectives and redistributes just before it, then
+    everything after.
 
     ``against=``: another ``parallelize`` function (two parallel configurations: TP=2 against
     TP=4), or ``"simulator"`` on real ranks or threads (the same function in the lockstep simulator
