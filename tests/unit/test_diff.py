@@ -256,8 +256,7 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(ids, self.weight)
         local = self.weight.to_local()
         rows = local.shape[0]
-        start = local.new_full((), self.rank_mesh.get_local_rank() * rows, dtype=ids.dtype)
-        local_ids = ids - start
+        local_ids = ids - self.rank_mesh.get_local_rank() * rows
         outside = (local_ids < 0) | (local_ids >= rows)
         out = F.embedding(local_ids.masked_fill(outside, 0), local) * (~outside).unsqueeze(-1)
         return DTensor.from_local(out, self.weight.device_mesh, [Partial()]).full_tensor()
