@@ -9,6 +9,8 @@ what was expected; no pickle, no code runs.
 
 from __future__ import annotations
 
+import io
+import json
 import math
 import stat
 import struct
@@ -202,43 +204,24 @@ class _Arrays:
             raise over(where, "the array, decompressed,", info.file_size, "member_bytes", self.limits)
         try:
             with self.z.open(info) as f:
-                major, minor = np.lib.format.read_magic(f)
-                if (major, minor) == (1, 0):
-                    got_shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif (major, minor) == (2, 0):
-                    got_shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise TraceFileError(
-                        f"{where} is a .npy of format {major}.{minor}; shardviz writes 1.0 and 2.0"
-                    )
-                if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-                    raise TraceFileError(
-                        f"{where} cannot be read: it holds {dtype} values (objects, records or sub-arrays); "
-                        "shardviz stores plain numbers only, and never unpickles"
-                    )
-                if dtype.kind not in _NUMERIC_KINDS:
-                    raise TraceFileError(f"{where} cannot be read: it holds {dtype} values, not numbers")
-                if shape is not None and tuple(got_shape) != shape:
-                    raise TraceFileError(
-                        f"{where} has shape {list(got_shape)}, but trace.json says {list(shape)} ({what})"
-                    )
-                if dtypes is not None and dtype not in dtypes:
-                    raise TraceFileError(
-                        f"{where} holds {dtype} values, but trace.json expects "
-                        f"{_dtypes_text(dtypes)} ({what})"
-                    )
+                # A small array is read whole (one call); a large one header first, then in pieces
+                # straight into the array, so that its bytes are never held twice.
+                small = info.file_size <= _SMALL_ARRAY
+                head = f.read(info.file_size if small else _HEADER_MAX)
+                got_shape, fortran, dtype, offset = _npy_header(head, where)
+                _check_header(where, got_shape, dtype, shape, dtypes, what)
                 count = math.prod(got_shape)
                 nbytes = count * dtype.itemsize
-                left = info.file_size - f.tell()
-                if nbytes != left:
+                if nbytes != info.file_size - offset:
                     raise TraceFileError(
                         f"{where} is damaged: its header says {list(got_shape)} {dtype} ({nbytes} bytes), "
-                        f"its data has {left} bytes"
+                        f"its data has {info.file_size - offset} bytes"
                     )
                 out = np.empty(count, dtype=dtype)
                 view = out.view(np.uint8).reshape(-1) if nbytes else np.empty(0, np.uint8)
-                pos = 0
-                while pos < nbytes:  # in pieces into the array: no second copy of its bytes
+                pos = min(len(head) - offset, nbytes)
+                view[:pos] = np.frombuffer(head, np.uint8, pos, offset)
+                while pos < nbytes:
                     n = f.readinto(view[pos : pos + 2**22])  # type: ignore[attr-defined]
                     if not n:
                         raise TraceFileError(f"{where} is damaged: its data ends early")
@@ -248,6 +231,64 @@ class _Arrays:
         except _ZIP_ERRORS as e:
             raise TraceFileError(f"{where} cannot be read ({type(e).__name__}: {e})") from None
         return out.reshape(got_shape, order="F" if fortran else "C")
+
+
+_SMALL_ARRAY = 2**20  # bytes: read in one piece
+_HEADER_MAX = 65536 + 12  # numpy's own readers refuse longer headers
+# Parsed .npy headers by their bytes: the arrays of one trace share a few shapes and dtypes, and
+# numpy parses a header with ast.literal_eval.
+_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype[Any]]] = {}
+
+
+def _npy_header(head: bytes, where: str) -> tuple[tuple[int, ...], bool, np.dtype[Any], int]:
+    """Shape, Fortran order, dtype and data offset of a .npy member from its first bytes."""
+    if head[:6] != b"\x93NUMPY" or len(head) < 10:
+        raise TraceFileError(f"{where} cannot be read: it is not a .npy array")
+    major, minor = head[6], head[7]
+    if (major, minor) == (1, 0):
+        offset = 10 + struct.unpack("<H", head[8:10])[0]
+    elif (major, minor) == (2, 0) and len(head) >= 12:
+        offset = 12 + struct.unpack("<I", head[8:12])[0]
+    else:
+        raise TraceFileError(f"{where} is a .npy of format {major}.{minor}; shardviz writes 1.0 and 2.0")
+    if offset > len(head):
+        raise TraceFileError(f"{where} cannot be read: its .npy header is cut short or too long")
+    key = head[:offset]
+    parsed = _HEADERS.get(key)
+    if parsed is None:
+        f = io.BytesIO(key[8:])
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        got_shape, fortran, dtype = read(f)
+        parsed = (tuple(got_shape), bool(fortran), dtype)
+        if len(_HEADERS) < 4096:
+            _HEADERS[key] = parsed
+    return (*parsed, offset)
+
+
+def _check_header(
+    where: str,
+    got_shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...] | None,
+    dtypes: frozenset[np.dtype[Any]] | None,
+    what: str,
+) -> None:
+    """A .npy header against what trace.json says of the array, before anything is allocated."""
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise TraceFileError(
+            f"{where} cannot be read: it holds {dtype} values (objects, records or sub-arrays); "
+            "shardviz stores plain numbers only, and never unpickles"
+        )
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise TraceFileError(f"{where} cannot be read: it holds {dtype} values, not numbers")
+    if shape is not None and got_shape != shape:
+        raise TraceFileError(
+            f"{where} has shape {list(got_shape)}, but trace.json says {list(shape)} ({what})"
+        )
+    if dtypes is not None and dtype not in dtypes:
+        raise TraceFileError(
+            f"{where} holds {dtype} values, but trace.json expects {_dtypes_text(dtypes)} ({what})"
+        )
 
 
 def _dtypes_text(dtypes: frozenset[np.dtype[Any]]) -> str:
@@ -361,7 +402,7 @@ def _rank_list(v: Any, world_size: int) -> tuple[int, ...]:
 
 def _decode_events(v: Any, arrays: _Arrays, world_size: int) -> list[Event]:
     out: list[Event] = []
-    ctx = _Ctx(arrays, world_size, set())
+    ctx = _Ctx(arrays, world_size, set(), {})
     for i, d in enumerate(array(v)):
         try:
             e = _decode_event(d, ctx)
@@ -414,12 +455,13 @@ def _json_params(v: Any, ctx: _Ctx) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Ctx:
-    """What decoding an event needs besides the event: the file's arrays, the world size and the
-    ids of the events before it."""
+    """What decoding an event needs besides the event: the file's arrays, the world size, the
+    ids of the events before it, and the layouts decoded so far (a trace repeats a few layouts)."""
 
     arrays: _Arrays
     world_size: int
     seen: set[int]
+    layouts: dict[str, Layout]
 
 
 def _decode_event(d: Any, ctx: _Ctx) -> Event:
@@ -460,7 +502,17 @@ def _plain(decode: Any) -> Any:
 
 
 def _layout_or_none(v: Any, ctx: _Ctx) -> Layout | None:
-    return None if v is None else _decode_layout(v)
+    """A layout, checked once however often the trace repeats it (its JSON text is the key)."""
+    if v is None:
+        return None
+    try:
+        key = json.dumps(v, separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return _decode_layout(v)
+    layout = ctx.layouts.get(key)
+    if layout is None:
+        layout = ctx.layouts[key] = _decode_layout(v)
+    return layout
 
 
 def _ranks_of_world(v: Any, ctx: _Ctx) -> tuple[int, ...]:
@@ -533,11 +585,10 @@ _FIELDS: dict[str, dict[str, Any]] = {
 
 
 def _decode_snapshot(d: Any, arrays: _Arrays, what: str) -> TensorSnapshot:
-    d = mapping(d)
-    shp = _checked("shape", d, shape)
-    dtype = _checked("dtype", d, string)
-    if not 0 < len(dtype) <= 64:
-        raise Bad("a dtype name", dtype, "dtype")
+    shp, dtype = _fields(d, "shape", "dtype")
+    shp = _shape_at(shp, "shape")
+    if type(dtype) is not str or not 0 < len(dtype) <= 64:
+        raise Bad("a dtype name (a string)", dtype, "dtype")
     key = d.get("values")
     if key is None:
         return TensorSnapshot(shape=shp, dtype=dtype)
@@ -645,51 +696,83 @@ def _layout_groups(v: Any, size: int) -> list[tuple[int, ...]]:
     return [_layout_group(g, size) for g in array(v)]
 
 
+def _fields(d: Any, *names: str) -> list[Any]:
+    """The named fields of an object (the hot path of decoding: no call per field)."""
+    if type(d) is not dict:
+        raise Bad("an object", d)
+    try:
+        return [d[n] for n in names]
+    except KeyError as e:
+        raise Bad("a value (the field is missing)", None, e.args[0]) from None
+
+
+def _shape_at(v: Any, name: str) -> tuple[int, ...]:
+    try:
+        return shape(v)
+    except Bad as e:
+        raise e.at(name) from None
+
+
 def _decode_shard(v: Any, gshape: tuple[int, ...], mesh: tuple[int, ...]) -> ShardInfo:
-    s = mapping(v)
-    coord = _checked("coord", s, shape)
+    rank, coord, offset, local, runs, partial = _fields(
+        v, "rank", "coord", "offset", "shape", "indices", "partial"
+    )
+    group = v.get("group", 0)
+    if type(rank) is not int or not 0 <= rank < 2**62:
+        raise Bad("a rank (an integer >= 0)", rank, "rank")
+    if type(partial) is not bool:
+        raise Bad("true or false", partial, "partial")
+    if type(group) is not int or group < 0:
+        raise Bad("an integer >= 0", group, "group")
+    coord = _shape_at(coord, "coord")
     if len(coord) != len(mesh) or any(c >= m for c, m in zip(coord, mesh, strict=True)):
         raise Bad(f"a coordinate on mesh {list(mesh)}", list(coord), "coord")
-    offset = _checked("offset", s, shape)
-    local = _checked("shape", s, shape)
-    if len(offset) != len(gshape) or len(local) != len(gshape):
-        raise Bad(f"{len(gshape)} sizes (one per tensor dim)", list(local), "shape")
-    runs = array(_checked("indices", s, lambda x: x))
-    if len(runs) != len(gshape):
-        raise Bad(f"{len(gshape)} index lists (one per tensor dim)", runs, "indices")
+    offset = _shape_at(offset, "offset")
+    local = _shape_at(local, "shape")
+    n = len(gshape)
+    if len(offset) != n or len(local) != n:
+        raise Bad(f"{n} sizes (one per tensor dim)", list(local), "shape")
+    if type(runs) is not list or len(runs) != n:
+        raise Bad(f"{n} index lists (one per tensor dim)", runs, "indices")
     indices = []
-    for dim, rs in enumerate(runs):
+    for dim in range(n):
+        rs, size = runs[dim], gshape[dim]
         if type(rs) is not list:
             raise Bad("a list of [start, stop, step] ranges", rs, dim).at("indices")
         out = []
+        count = 0
         for r in rs:
+            if type(r) is not list or len(r) != 3:
+                raise Bad("[start, stop, step]", r, dim).at("indices")
+            start, stop, step = r
             if (
-                type(r) is not list
-                or len(r) != 3
-                or any(type(x) is not int for x in r)
-                or not 0 <= r[0] <= r[1] <= gshape[dim]
-                or r[2] < 1
+                type(start) is not int
+                or type(stop) is not int
+                or type(step) is not int
+                or not 0 <= start <= stop <= size
+                or step < 1
             ):
-                raise Bad(
-                    f"[start, stop, step] with 0 <= start <= stop <= {gshape[dim]}, step >= 1", r, dim
-                ).at("indices")
-            out.append(range(*r))
-        if sum(len(r) for r in out) != local[dim] or offset[dim] > gshape[dim]:
+                raise Bad(f"[start, stop, step] with 0 <= start <= stop <= {size}, step >= 1", r, dim).at(
+                    "indices"
+                )
+            run = range(start, stop, step)
+            count += len(run)
+            out.append(run)
+        if count != local[dim] or offset[dim] > size:
             raise Bad(
-                f"indices as many as the shard's size {local[dim]} along dim {dim}, an offset within "
-                f"{gshape[dim]}",
+                f"indices as many as the shard's size {local[dim]} along dim {dim}, an offset within {size}",
                 rs,
                 dim,
             ).at("indices")
         indices.append(tuple(out))
     return ShardInfo(
-        rank=_checked("rank", s, integer, 0, 2**62),
+        rank=rank,
         coord=coord,
         offset=offset,
         shape=local,
         indices=tuple(indices),
-        partial=_checked("partial", s, boolean),
-        group=_checked("group", s, integer, 0) if "group" in s else 0,
+        partial=partial,
+        group=group,
     )
 
 
