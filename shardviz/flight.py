@@ -767,7 +767,7 @@ def _align(
 def _absent(members: tuple[int, ...], have: list[int]) -> str:
     """The members with no dump as rank ranges ("3, 5-9"), from the sorted ranks that have one,
     without listing the members one by one when they are a range (everyone)."""
-    if members and members == tuple(range(members[0], members[0] + len(members))):
+    if members and members[-1] - members[0] + 1 == len(members):  # sorted and distinct: a range
         out, start = [], members[0]
         for r in [*(h for h in have if members[0] <= h <= members[-1]), members[-1] + 1]:
             if r > start:
