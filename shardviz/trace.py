@@ -416,7 +416,8 @@ class _Writer:
         key = self._keys.get(id(a))
         if key is None:
             key = f"a{len(self.arrays)}"
-            self.arrays[key] = np.ascontiguousarray(a)
+            # ascontiguousarray makes a 0-d array 1-d: a scalar must come back a scalar
+            self.arrays[key] = np.ascontiguousarray(a).reshape(a.shape)
             self._keys[id(a)] = key
         return key
 

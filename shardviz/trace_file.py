@@ -186,7 +186,11 @@ class _Arrays:
         if a is None:
             a = self.cache[key] = self._read(key, shape, dtypes, what)
         if shape is not None and a.shape != shape:
-            raise Bad(f"an array of shape {list(shape)} ({what}), array {key} has shape {list(a.shape)}", key)
+            if not _scalar(shape, a.shape):
+                raise Bad(
+                    f"an array of shape {list(shape)} ({what}), array {key} has shape {list(a.shape)}", key
+                )
+            a = a.reshape(())
         if dtypes is not None and a.dtype not in dtypes:
             raise Bad(f"an array of {_dtypes_text(dtypes)} ({what}), array {key} holds {a.dtype}", key)
         return a
@@ -281,7 +285,7 @@ def _check_header(
         )
     if dtype.kind not in _NUMERIC_KINDS:
         raise TraceFileError(f"{where} cannot be read: it holds {dtype} values, not numbers")
-    if shape is not None and got_shape != shape:
+    if shape is not None and got_shape != shape and not _scalar(shape, got_shape):
         raise TraceFileError(
             f"{where} has shape {list(got_shape)}, but trace.json says {list(shape)} ({what})"
         )
@@ -289,6 +293,12 @@ def _check_header(
         raise TraceFileError(
             f"{where} holds {dtype} values, but trace.json expects {_dtypes_text(dtypes)} ({what})"
         )
+
+
+def _scalar(shape: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    """A 0-d tensor's values as one element: how files written before shardviz kept 0-d arrays
+    0-d saved them (read back 0-d)."""
+    return shape == () and got == (1,)
 
 
 def _dtypes_text(dtypes: frozenset[np.dtype[Any]]) -> str:
@@ -320,7 +330,7 @@ def _decode_trace(doc: dict[str, Any], arrays: _Arrays, lim: Limits) -> Trace:
     trace = Trace(world_size, field("backend", string), field("values", _value_policy))
     trace.values_dropped_from = field("values_dropped_from", opt_integer, default=None)
     trace.complete = field("complete", boolean, default=True)
-    trace.meshes = field("meshes", _decode_meshes, world_size, default=None) or []
+    trace.meshes = field("meshes", _decode_meshes, lim.world_size, default=None) or []
     trace.notes = field("notes", _decode_notes, default=None) or []
     meta = field("meta", _opt_json_object, default=None)
     trace.meta = meta if meta is not None else {}
@@ -356,7 +366,9 @@ def _decode_notes(v: Any) -> list[str]:
     return list(out)
 
 
-def _decode_meshes(v: Any, world_size: int) -> list[dict[str, Any]]:
+def _decode_meshes(v: Any, max_rank: int) -> list[dict[str, Any]]:
+    """The meshes a recording saw; a rank's own file may name meshes wider than its world size
+    (only the merge reads them, to name mesh dims), so their ranks are checked against the cap."""
     out = array(v)
     for i, m in enumerate(out):
         try:
@@ -369,7 +381,7 @@ def _decode_meshes(v: Any, world_size: int) -> list[dict[str, Any]]:
                 type(names) is not list or len(names) != len(mesh) or any(type(n) is not str for n in names)
             ):
                 raise Bad(f"null or {len(mesh)} mesh dim names (strings)", names, "mesh_dim_names")
-            ranks = _checked("ranks", m, _rank_list, world_size)
+            ranks = _checked("ranks", m, _rank_list, max_rank)
             if len(ranks) != math.prod(mesh):
                 raise Bad(f"{math.prod(mesh)} ranks (one per mesh position)", m["ranks"], "ranks")
         except Bad as e:
@@ -433,19 +445,16 @@ def _placements_list(v: Any) -> tuple[tuple[str, ...], ...]:
 
 
 def _groups(v: Any, world_size: int) -> tuple[tuple[int, ...], ...]:
+    """Groups of distinct ranks of this world (they may overlap: a ring of sends pairs each rank
+    with both neighbours)."""
     if type(v) is not list:
         raise Bad("a list of rank groups", v)
     out = []
-    taken: set[int] = set()
     for i, g in enumerate(v):
         try:
-            group = _rank_list(g, world_size)
+            out.append(_rank_list(g, world_size))
         except Bad as e:
             raise e.at(i) from None
-        if taken.intersection(group):
-            raise Bad("groups with no rank in two of them", v)
-        taken.update(group)
-        out.append(group)
     return tuple(out)
 
 

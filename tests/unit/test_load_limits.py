@@ -495,6 +495,19 @@ def test_one_group_of_a_sub_mesh_round_trips(group: int) -> None:
     assert type(one).from_dict(json.loads(json.dumps(one.to_dict()))) == one
 
 
+def test_a_scalar_snapshot_round_trips_as_a_scalar(tmp_path: Path) -> None:
+    t = small_trace()
+    t.events[0].outputs[2] = TensorSnapshot((), "float32", np.array(2.5, np.float32))
+    back = sv.load(t.save(tmp_path / "scalar.svtrace"))
+    assert back.events[0].outputs[2].values.shape == () and back == t
+    # files written before held a 0-d value as one element: read back 0-d
+    path = tmp_path / "scalar.svtrace"
+    doc, files = parts(path)
+    key = doc["events"][0]["outputs"]["2"]["values"]
+    path.write_bytes(fz.zip_of({**files, f"arrays/{key}.npy": fz.npy(np.array([2.5], np.float32))}))
+    assert sv.load(path) == t
+
+
 def test_trace_equality_covers_every_saved_field(tmp_path: Path) -> None:
     a = small_trace()
     changes = {
