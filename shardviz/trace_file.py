@@ -2,7 +2,7 @@
 
 Every size is checked before anything is allocated (``shardviz.limits``), each ``.npy`` header
 against the shape and dtype trace.json gives it, and every field of trace.json as it is decoded:
-types, ranges, ranks within the world size, groups that share no rank, parents that come before
+types, ranges, ranks within the world size, distinct ranks in a group, parents that come before
 their children, nesting depth. A bad file is a ``TraceFileError`` naming the file, the field and
 what was expected; no pickle, no code runs.
 """
