@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import shardviz as sv
-from shardviz.layout import _cached as _layout_memo
+from shardviz.geometry.layout import _cached as _layout_memo
 
 HERE = Path(__file__).resolve().parent
 Row = tuple[str, str, str, str]
@@ -92,8 +92,9 @@ def bench_geometry() -> list[Row]:
     """sv.layout (exact per-rank indices) vs torch's own per-rank shape/offset computation."""
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-    from shardviz import _torch, mesh
-    from shardviz.placement import parse
+    from shardviz.capture import torch as _torch
+    from shardviz.geometry import mesh
+    from shardviz.geometry.placement import parse
 
     rows = []
     shape = (8192, 28672)
@@ -318,7 +319,7 @@ def bench_collectives() -> list[Row]:
     from doing them differently rather than from recording."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardviz.recorder import c10d
+    from shardviz.capture.recorder import c10d
 
     functional = torch.ops._c10d_functional
 

@@ -7,26 +7,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _torch
 from .backends import device_type, restart
 from .backends import show as _backend_show
 from .backends import use as _use
+from .capture import torch as _torch
+from .capture.job import record_job
 from .compare import compare
+from .data.memory import MemoryTimeline
+from .data.model import ModelMap, model_map
+from .data.numerics import NumericsReport, StepNumerics, Tolerance
+from .data.pipeline import Timeline
+from .data.pipeline import timeline as pipeline_timeline
+from .data.plan import plan
+from .data.trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 from .diff import diff, numerics
-from .job import record_job
-from .layout import Layout, ShardInfo
-from .layout import compute as _compute_layout
-from .memory import MemoryTimeline
-from .model import ModelMap, model_map
-from .numerics import NumericsReport, StepNumerics, Tolerance
-from .pipeline import Timeline
-from .pipeline import timeline as pipeline_timeline
-from .placement import Placement
-from .plan import plan
+from .geometry.layout import Layout, ShardInfo
+from .geometry.layout import compute as _compute_layout
+from .geometry.placement import Placement
 from .record import last_trace, per_rank, record, run
 from .show import export_html, play, plot
 from .show import show as _view
-from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 
 __version__ = "0.1.0"
 
@@ -97,8 +97,8 @@ def load(
     ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
-    from .job import load_path
-    from .limits import resolve
+    from .capture.job import load_path
+    from .data.limits import resolve
 
     limits = resolve(
         max_member_bytes=max_member_bytes,

@@ -17,7 +17,7 @@ import warnings
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardviz.limits import DEFAULTS, ENV, FLAGS, KEYWORDS, WHAT, Limits, fmt_size
+    from shardviz.data.limits import DEFAULTS, ENV, FLAGS, KEYWORDS, WHAT, Limits, fmt_size
 
     parser = argparse.ArgumentParser(prog="python -m shardviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import backends
 from .backends.base import Backend
+from .data.trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
 from .errors import BackendError, explain
-from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -106,7 +106,7 @@ def compare(
 def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comparison:
     """``%%spmd --compare``: the cell in the simulator (in a scratch copy of the notebook's names,
     its prints discarded) and on the real ranks (where its names stay, as for any cell)."""
-    from .cells import compile_cell, run_compiled
+    from .backends.cells import compile_cell, run_compiled
     from .record import last_trace, record
 
     real = _real_backend("%%spmd --compare")
@@ -198,7 +198,7 @@ def _step(e: Event) -> tuple[Any, ...]:
 def _describe(e: Event | None) -> str:
     if e is None:
         return "no event"
-    from .describe import brief
+    from .data.describe import brief
 
     return brief(e)
 

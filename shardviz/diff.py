@@ -18,9 +18,12 @@ from typing import Any
 
 from torch import nn
 
-from . import _torch, backends, describe, numerics_capture
-from .errors import BackendError
-from .numerics import (
+from . import backends
+from .capture import numerics_hooks as numerics_capture
+from .capture import torch as _torch
+from .capture.numerics_hooks import DEFAULT_BUDGET
+from .data import describe
+from .data.numerics import (
     EventNote,
     NumericsReport,
     RawCapture,
@@ -31,8 +34,8 @@ from .numerics import (
     compare,
     merge_raw,
 )
-from .numerics_capture import DEFAULT_BUDGET
-from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from .data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from .errors import BackendError
 
 
 def numerics(
@@ -287,7 +290,7 @@ def event_notes(trace: Trace, caller: Source | None = None) -> dict[int, EventNo
 
 def _caller() -> Source | None:
     """The user's line that called into shardviz, as the recorder writes an event's source."""
-    from .recorder import frames
+    from .capture.recorder import frames
 
     return frames.source(frames.user_frame(sys._getframe(1))[0])
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import backends
-from .recorder import Recorder, ValueBudget
-from .trace import DEFAULT_VALUE_BUDGET, Trace
+from .capture.recorder import Recorder, ValueBudget
+from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 
 _last: Trace | None = None
 

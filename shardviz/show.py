@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from . import _torch
-from .layout import Layout, ShardInfo
-from .layout import compute as _compute_layout
-from .recorder import to_numpy
-from .trace import Event, Trace
+from .capture import torch as _torch
+from .capture.recorder import to_numpy
+from .data.trace import Event, Trace
+from .geometry.layout import Layout, ShardInfo
+from .geometry.layout import compute as _compute_layout
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .model import ModelMap
+    from .data.model import ModelMap
     from .views.memory_svg import MemoryView
     from .views.model_view import ModelWidget
     from .views.numerics_view import NumericsWidget
@@ -104,8 +104,8 @@ def plot(obj: Any, **options: Any) -> Figure:
     came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
     time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
-    from .memory import MemoryTimeline
-    from .pipeline import Timeline
+    from .data.memory import MemoryTimeline
+    from .data.pipeline import Timeline
     from .views.mpl import plot_event, plot_layout, plot_trace
 
     if _is_numerics(obj):
@@ -185,8 +185,8 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
 
 def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView | MemoryView | None:
     """The static SVG views: a pipeline Timeline's lanes, a MemoryTimeline's curves."""
-    from .memory import MemoryTimeline
-    from .pipeline import Timeline
+    from .data.memory import MemoryTimeline
+    from .data.pipeline import Timeline
 
     if isinstance(obj, MemoryTimeline):
         from .views.memory_svg import MemoryView
@@ -202,7 +202,7 @@ def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView 
 
 
 def _is_numerics(obj: Any) -> bool:
-    from .numerics import NumericsReport
+    from .data.numerics import NumericsReport
 
     return isinstance(obj, NumericsReport)
 
@@ -221,14 +221,14 @@ def _numerics_widget(obj: Any, who: str, options: dict[str, Any]) -> NumericsWid
 
 
 def _is_model(obj: Any) -> bool:
-    from .model import ModelMap
+    from .data.model import ModelMap
 
     return isinstance(obj, ModelMap | torch.nn.Module)
 
 
 def _model_map(obj: Any, options: dict[str, Any]) -> ModelMap:
     """A ModelMap as given, or built from a module with the map options (popped)."""
-    from .model import ModelMap, model_map
+    from .data.model import ModelMap, model_map
 
     opts = {k: options.pop(k) for k in _MAP_OPTIONS if k in options}
     if isinstance(obj, ModelMap):
@@ -301,7 +301,7 @@ def _from_chunks(
     obj: Any, whole: Any, offsets: Any, who: str
 ) -> tuple[Layout, dict[int, np.ndarray], dict[str, Any]]:
     """Each rank's hand-made chunk (a per-rank tensor) drawn inside the global tensor ``whole``."""
-    from .chunks import chunk_layout, find_offset, resolve_offsets
+    from .geometry.chunks import chunk_layout, find_offset, resolve_offsets
 
     per_rank = _torch.local_tensors(obj)
     if per_rank is None:

@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError
-from ..trace import DEFAULT_VALUE_BUDGET, Trace
 
 
 class Backend(Protocol):
@@ -105,7 +105,7 @@ def refuse_simulation_options(name: str, values: str | int, threads: int | None,
     if counts_memory(memory):
         raise NotImplementedError(MEMORY_REFUSED)
     if threads is not None:
-        from ..recorder import ValueBudget
+        from ..capture.recorder import ValueBudget
 
         ValueBudget(values)
         raise BackendError(

@@ -41,8 +41,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, ShardvizError
-from ..trace import DEFAULT_VALUE_BUDGET, Trace
 from . import rank as _rank
 from .base import check_world_size, draw, rank_tensor, refuse_record, refuse_simulation_options
 from .watchdog import Watchdog
@@ -597,7 +597,7 @@ def _ship_cell(cell: Any, detach: Callable[[types.FunctionType], types.FunctionT
 
 def args_for_rank(value: Any, rank: int) -> Any:
     """An argument as one rank receives it: a per-rank tensor (``sv.per_rank``) gives its own."""
-    from .. import _torch
+    from ..capture import torch as _torch
 
     local = _torch.local_tensors(value)
     if local is not None:
@@ -658,12 +658,12 @@ def same_value(a: Any, b: Any) -> bool:
 def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
     """The widget for one ``sv.show`` call from every rank's layout and shard, drawn with
     ``shardviz.show.show_layout`` exactly as under the simulator (a text Layout if it is absent)."""
-    from ..layout import Layout
+    from ..geometry.layout import Layout
 
     ranks = sorted(payloads)
     first = payloads[ranks[0]]
     if "chunk" in first:  # sv.show(chunk, of=global): every rank sent its chunk and offset
-        from ..chunks import chunk_layout
+        from ..geometry.chunks import chunk_layout
 
         meta = first["chunk"]
         chunks = {r: payloads[r]["values"] for r in ranks}
@@ -693,7 +693,7 @@ def _swap_markers(value: Any, widgets: Mapping[int, Any]) -> Any:
 
 def load_rank_trace(data: bytes) -> Trace:
     """A rank's trace from the bytes of ``trace.save``: JSON and ``.npy`` only, no pickle."""
-    from ..trace import load
+    from ..data.trace import load
 
     with tempfile.TemporaryDirectory(prefix="shardviz-") as d:
         path = os.path.join(d, "rank.svtrace")
@@ -1242,7 +1242,7 @@ class ClusterBackend:
         return out
 
     def merge(self, runs: Sequence[RankRun], values: str | int) -> Trace:
-        from ..merge import merge
+        from ..data.merge import merge
 
         traces = {
             r.rank: load_rank_trace(r.result["trace"]) for r in runs if r.result and r.result.get("trace")
@@ -1288,7 +1288,7 @@ class ClusterBackend:
 
     def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
         """A ``%%spmd`` cell on every rank; its names stay on the ranks; returns its value."""
-        from ..cells import compile_cell
+        from .cells import compile_cell
 
         body, last = compile_cell(cell)
         code = body or last
@@ -1331,7 +1331,7 @@ class ClusterBackend:
 
     def per_rank(self, fn: Callable[[int], Any]) -> Any:
         """A per-rank tensor in the notebook; ``sv.run`` hands each rank its own value."""
-        from .. import _torch
+        from ..capture import torch as _torch
 
         values = {r: rank_tensor(fn, r).detach().clone() for r in range(self.world_size)}
         return _torch.new_local_tensor(values)
@@ -1346,7 +1346,7 @@ class ClusterBackend:
         every rank agrees on is that value; other per-rank values are a PerRank dict."""
         import torch
 
-        from .. import _torch
+        from ..capture import torch as _torch
 
         vals = [r.result["value"] if r.result else None for r in runs]
         if all(v is None for v in vals):

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import _torch
+from ..capture import torch as _torch
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
-from ..trace import DEFAULT_VALUE_BUDGET, Trace
 from .base import MEMORY_REFUSED, check_world_size, counts_memory, draw, rank_tensor
 
 
@@ -101,10 +101,10 @@ class LocalBackend:
     def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
         """Run the body as SPMD ranks and record it (``sv.record``). The trace's events are filled
         in when the block ends; no dispatch mode outlives it, and an error keeps its type."""
-        from ..explain import explain_simulation_error
+        from ..capture.explain import explain_simulation_error
+        from ..capture.recorder import Recorder, ValueBudget
+        from ..capture.storage import MemoryRecorder
         from ..record import _set_last
-        from ..recorder import Recorder, ValueBudget
-        from ..storage import MemoryRecorder
 
         ValueBudget(values)  # validate before entering anything
         trace = Trace(self.world_size, "local", values)
@@ -138,10 +138,10 @@ class LocalBackend:
         if threads is not None:
             if counts_memory(memory):
                 raise NotImplementedError(MEMORY_REFUSED)
-            from ..p2p import run_threads
+            from ..capture.p2p import run_threads
 
             return run_threads(self, fn, args, kwargs, threads=threads, values=values)
-        from ..recorder import split_per_rank
+        from ..capture.recorder import split_per_rank
 
         with self.record(values, memory=memory) as trace:
             result = fn(*args, **kwargs)
@@ -150,7 +150,7 @@ class LocalBackend:
 
     def per_rank(self, fn: Callable[[int], Any]) -> Any:
         """A LocalTensor whose rank ``r`` holds ``fn(r)``; ``fn`` runs once per rank on plain tensors."""
-        from ..storage import made
+        from ..capture.storage import made
 
         values = {}
         with _torch.no_dispatch():
@@ -168,7 +168,7 @@ class LocalBackend:
 
     def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
         """A ``%%spmd`` cell in the notebook's namespace, recorded; names it defines stay there."""
-        from ..cells import compile_cell, run_compiled
+        from .cells import compile_cell, run_compiled
 
         body, last = compile_cell(cell)
         ns = shell.user_ns

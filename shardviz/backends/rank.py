@@ -42,9 +42,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import _torch
+from ..capture import torch as _torch
+from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
 from ..errors import BackendError
-from ..trace import DEFAULT_VALUE_BUDGET, Source, Trace
 from .base import draw, rank_tensor, refuse_record, refuse_simulation_options
 
 # The mimetype a ``sv.show`` marker displays as on a rank; the client swaps in the widget.
@@ -523,12 +523,12 @@ def show_payload(obj: Any, rank: int, **options: Any) -> Any:
     """What ``rank`` contributes to ``sv.show(obj)`` inside a cell: its layout and shard (or its
     chunk of a global tensor, ``of=``) as plain data, which ``cluster.draw_show`` draws together
     with the other ranks'. A module gives its model map, the same on every rank, not a payload."""
-    from ..layout import Layout
-    from ..layout import compute as compute_layout
-    from ..recorder import to_numpy
+    from ..capture.recorder import to_numpy
+    from ..geometry.layout import Layout
+    from ..geometry.layout import compute as compute_layout
 
     if "of" in options:  # this rank's hand-made chunk of a global tensor: the client places it
-        from ..chunks import find_offset, resolve_offsets
+        from ..geometry.chunks import find_offset, resolve_offsets
 
         whole = to_numpy(options.pop("of"))
         chunk = to_numpy(obj)
@@ -546,7 +546,7 @@ def show_payload(obj: Any, rank: int, **options: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
         # The model map is plain data, the same on every rank: it travels back as the cell's
         # value (or displays as its text table); sv.show(map) in an ordinary cell draws the widget.
-        from ..model import model_map
+        from ..data.model import model_map
 
         return model_map(obj, **options)
     if _torch.is_dtensor(obj):
@@ -602,7 +602,7 @@ def run_cell(
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
 
     def body() -> Any:
-        from ..cells import run_compiled, split_cell
+        from .cells import run_compiled, split_cell
 
         return run_compiled(*split_cell(source, filename), ns)
 

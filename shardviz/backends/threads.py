@@ -36,14 +36,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import _torch, threadpg
+from ..capture import threadpg
+from ..capture import torch as _torch
+from ..capture.recorder import Recorder, ValueBudget, split_per_rank
+from ..capture.recorder.snapshot import flatten, nbytes
+from ..capture.recorder.specs import params
+from ..data.interleave import Link, Message, interleave
+from ..data.merge import SequenceMismatchError, check_sequences, merge
+from ..data.trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Trace
 from ..errors import BackendError
-from ..interleave import Link, Message, interleave
-from ..merge import SequenceMismatchError, check_sequences, merge
-from ..recorder import Recorder, ValueBudget, split_per_rank
-from ..recorder.snapshot import flatten, nbytes
-from ..recorder.specs import params
-from ..trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Trace
 from .base import check_world_size, counts_memory, draw, rank_tensor
 
 NAME = "threads"
@@ -155,7 +156,7 @@ class ThreadsBackend:
     def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
         """A ``%%spmd`` cell in every rank's own namespace; returns the cell's value as the other
         backends do (a tensor per rank: a LocalTensor; a value all agree on: that value)."""
-        from ..cells import compile_cell, run_compiled
+        from .cells import compile_cell, run_compiled
 
         body, last = compile_cell(cell)
         if body is None and last is None:

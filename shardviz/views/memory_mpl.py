@@ -3,8 +3,8 @@ same curve, each peak marked."""
 
 from __future__ import annotations
 
-from ..memory import MemoryTimeline
-from ..model import short_bytes
+from ..data.memory import MemoryTimeline
+from ..data.model import short_bytes
 from .geometry import rank_list
 from .memory_svg import COLOURS, MAX_LINES, curves
 from .mpl import Figure, literal_text

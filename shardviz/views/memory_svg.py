@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..memory import MemoryTimeline, event_label
-from ..model import short_bytes
+from ..data.memory import MemoryTimeline, event_label
+from ..data.model import short_bytes
 from .geometry import rank_list
 from .markup import Markup, element
 from .svg import SvgView

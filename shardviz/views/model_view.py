@@ -17,9 +17,9 @@ import anywidget
 import traitlets
 from anywidget.experimental import command
 
-from .. import describe
-from ..layout import Layout
-from ..model import KINDS, ModelMap, bytes_summary, mesh_label, shape_summary
+from ..data import describe
+from ..data.model import KINDS, ModelMap, bytes_summary, mesh_label, shape_summary
+from ..geometry.layout import Layout
 from . import geometry as g
 from . import html
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source

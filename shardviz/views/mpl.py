@@ -20,8 +20,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure as _MplFigure
 from matplotlib.patches import Patch, Polygon, Rectangle
 
-from .. import describe
-from ..layout import Layout
+from ..data import describe
+from ..geometry.layout import Layout
 from . import geometry as g
 
 FIGSIZE = (11.0, 5.6)
@@ -586,7 +586,7 @@ def plot_message(head: str, body: str = "") -> Figure:
 def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Figure:
     """One event before → after: each rank's buffers with arrows for what moves (a collective or
     local compute), or the layouts before and after with the plan (a redistribute)."""
-    from ..trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
+    from ..data.trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
     from .steps import Model, event_trace
 
     if trace is None or all(e is not event for e in trace.events):
@@ -685,8 +685,8 @@ def _plot_redistribute(event: Any, d: Mapping[str, Any], head: str, sub: str) ->
 def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Figure:
     """Where the communication time goes: each collective as a bar of its alpha-beta time on
     ``link``, one after another, one lane per mesh dim (cost.py's model)."""
-    from .. import cost as _cost
-    from ..trace import CollectiveEvent
+    from ..data import cost as _cost
+    from ..data.trace import CollectiveEvent
 
     lk = _cost.link(link)
     cols = [e for e in trace.events if isinstance(e, CollectiveEvent)]
@@ -803,7 +803,7 @@ def plot_model_map(m: Any, *, stack: str = "kind", title: str | None = None) -> 
         ax.set_xticks(x)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title=f"by {stack}")
-    from ..model import short_bytes
+    from ..data.model import short_bytes
 
     lo = int(m.totals().min()) if world and len(m.rows) else 0
     fig.text(0.01, 0.97, title or f"model map: {m.name}", fontsize=11, weight="bold", va="top")

@@ -17,9 +17,9 @@ import anywidget
 import traitlets
 from anywidget.experimental import command
 
-from .. import cost as _cost
-from .. import describe
-from ..trace import Event, Trace
+from ..data import cost as _cost
+from ..data import describe
+from ..data.trace import Event, Trace
 from . import html
 from .steps import FILTER_KEYS, PHASES, Model, event_trace
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source

@@ -25,21 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import cost as _cost
-from .. import describe
-from .. import flow as _flow
-from .. import ring as _ring
-from ..placement import parse as _parse_placement
-from ..plan import PlanStep, plan_steps
-from ..trace import (
-    CollectiveEvent,
-    Event,
-    LocalEvent,
-    OpEvent,
-    RedistributeEvent,
-    TensorSnapshot,
-    Trace,
-)
+from ..data import cost as _cost
+from ..data import describe
+from ..data import flow as _flow
+from ..data import ring as _ring
+from ..data.plan import PlanStep, plan_steps
+from ..data.trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot, Trace
+from ..geometry.placement import parse as _parse_placement
 from . import geometry as g
 
 # Elements per buffer in a values reply: the view prints numbers into small buffers and a
@@ -889,7 +881,7 @@ class Model:
         if drawn and not any(b.values for b in drawn):
             notes.append("values not kept for this step (value policy): shapes and bytes only")
         if "flight" in e.params:
-            from ..flight import flight_notes
+            from ..data.flight import flight_notes
 
             notes.extend(flight_notes(e))
         check = _flow.check(e)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import describe
+from ..data import describe
 
 if TYPE_CHECKING:
-    from ..trace import Trace
+    from ..data.trace import Trace
 
 
 def trace_text(trace: Trace) -> str:

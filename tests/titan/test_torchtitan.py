@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 from shardviz.errors import PerRankValueError
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is installed by `make setup` (see Makefile)")

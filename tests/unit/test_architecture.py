@@ -1,7 +1,7 @@
 """Architecture rules, checked on the source: every module of the package is parsed, none imported.
 
 1. Private torch (a ``torch`` module path or name with a segment starting with ``_``, the private
-   attributes of torch objects that shardviz reads) is touched in ``shardviz/_torch.py`` only, so
+   attributes of torch objects that shardviz reads) is touched in ``shardviz/capture/torch/`` only, so
    that a torch release that moves one breaks one module with a message naming it.
 2. The views read plain data only: nothing under ``shardviz/views/`` imports torch (or ``_torch``).
 3. The plain-data modules (geometry and layouts, shared by real ranks, saved traces and views) and
@@ -9,7 +9,7 @@
    backends or the views.
 
 4. Torch's internal layout (its frames' locals, its private source files by name) is read in
-   ``shardviz/_torch.py`` and, for tracebacks it explains, ``shardviz/explain.py`` only.
+   ``shardviz/capture/torch/`` and, for tracebacks it explains, ``shardviz/capture/explain.py`` only.
 
 Imports anywhere count: at the top, in a function (a lazy import), under ``if TYPE_CHECKING:``.
 """
@@ -27,19 +27,25 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "shardviz"
 
 # The one module allowed to touch private torch.
-TORCH_GATE = "shardviz/_torch.py"
+TORCH_GATE = "shardviz/capture/torch/__init__.py"
 
 # Plain-data modules, torch-free today. Not among them: trace.py, which imports torch (lazily, to
 # rebuild tensor results when a trace file is loaded) and views.text (for its text form).
 PLAIN_DATA = (
-    "shardviz/chunks.py",
-    "shardviz/layout.py",
-    "shardviz/mesh.py",
-    "shardviz/numerics.py",
-    "shardviz/placement.py",
+    "shardviz/geometry/chunks.py",
+    "shardviz/geometry/layout.py",
+    "shardviz/geometry/mesh.py",
+    "shardviz/data/numerics.py",
+    "shardviz/geometry/placement.py",
 )
-NOT_FOR_PLAIN_DATA = ("torch", "shardviz._torch", "shardviz.recorder", "shardviz.backends", "shardviz.views")
-NOT_FOR_VIEWS = ("torch", "shardviz._torch")
+NOT_FOR_PLAIN_DATA = (
+    "torch",
+    "shardviz.capture.torch",
+    "shardviz.capture.recorder",
+    "shardviz.backends",
+    "shardviz.views",
+)
+NOT_FOR_VIEWS = ("torch", "shardviz.capture.torch")
 
 # Private attributes of torch objects (DTensor, LocalTensor, Tensor, OpOverload, DeviceMesh, ...)
 # that shardviz reads. Their receivers are plain variables, so they are matched by name; a
@@ -214,7 +220,7 @@ def forbidden_imports(source: str, rel: str, forbidden: tuple[str, ...]) -> list
 
 # Modules allowed to read torch's frames: the gate, and the traceback explainer (whose whole job
 # is recognising torch's frames by file, function and locals; test-compat runs it on new torch).
-TORCH_LAYOUT_READERS = (TORCH_GATE, "shardviz/explain.py")
+TORCH_LAYOUT_READERS = (TORCH_GATE, "shardviz/capture/explain.py")
 
 
 def torch_layout_uses(source: str, rel: str) -> list[str]:
@@ -263,7 +269,7 @@ def test_torch_layout_only_in_the_gate():
         rel = _rel(path)
         if rel not in TORCH_LAYOUT_READERS:
             problems.extend(torch_layout_uses(_read(path), rel))
-    _fail(problems, "torch's frames and private files are read outside shardviz/_torch.py")
+    _fail(problems, "torch's frames and private files are read outside shardviz/capture/torch/")
 
 
 @pytest.mark.parametrize(
@@ -363,6 +369,6 @@ def test_public_torch_passes(source):
 
 
 def test_forbidden_imports_are_found_at_any_depth():
-    source = "def f():\n    import torch\n\nif TYPE_CHECKING:\n    from ..recorder import Recorder\n"
+    source = "def f():\n    import torch\n\nif TYPE_CHECKING:\n    from ..capture.recorder import Recorder\n"
     found = forbidden_imports(source, "shardviz/views/example.py", NOT_FOR_PLAIN_DATA)
-    assert [(line, module) for line, _, module in found] == [(2, "torch"), (5, "shardviz.recorder")]
+    assert [(line, module) for line, _, module in found] == [(2, "torch"), (5, "shardviz.capture.recorder")]

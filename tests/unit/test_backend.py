@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch, backends
+from shardviz import backends
+from shardviz.capture import torch as _torch
 from shardviz.errors import BackendError, WorldSizeError
 
 

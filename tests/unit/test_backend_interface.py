@@ -102,7 +102,7 @@ def test_sv_show_asks_the_current_backend():
 
 
 def test_no_module_but_the_extension_hook_imports_the_ipython_front_end():
-    """Backends, compare and record reach cells through ``shardviz.cells``, not ``magics``, so
+    """Backends, compare and record reach cells through ``shardviz.backends.cells``, not ``magics``, so
     that nothing below the front end loads IPython (and backends → magics → compare → record →
     backends is no cycle)."""
     problems = []
@@ -118,7 +118,8 @@ def test_no_module_but_the_extension_hook_imports_the_ipython_front_end():
 def test_importing_the_backends_loads_no_ipython():
     code = (
         "import sys\n"
-        "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster, shardviz.cells\n"
+        "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster\n"
+        "import shardviz.backends.cells\n"
         "import shardviz.backends.threads\n"
         "print(sorted(m for m in sys.modules if m == 'shardviz.magics' or m.split('.')[0] == 'IPython'))"
     )

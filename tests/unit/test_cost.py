@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardviz as sv
-from shardviz import cost
+from shardviz.data import cost
 
 
 def test_factors_and_steps():

@@ -11,11 +11,11 @@ import warnings
 import pytest
 
 import shardviz as sv
-from shardviz import flight
+from shardviz.capture.job import PartialTraceWarning, rank_path
+from shardviz.data import flight
+from shardviz.data.merge import SequenceMismatchError, merge
+from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
 from shardviz.errors import TraceFileError
-from shardviz.job import PartialTraceWarning, rank_path
-from shardviz.merge import SequenceMismatchError, merge
-from shardviz.trace import CollectiveEvent, Source, TensorSnapshot, Trace
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.flow import Transfer, transfers
-from shardviz.p2p import DeadlockError, P2PError
+from shardviz.capture import torch as _torch
+from shardviz.capture.p2p import DeadlockError, P2PError
+from shardviz.data.flow import Transfer, transfers
 
 N = 4
 

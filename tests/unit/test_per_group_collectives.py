@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 
 # (mesh shape, mesh dim gathered over)
 MESHES = [((4,), 0), ((2, 2), 0), ((2, 2), 1), ((2, 2, 2), 1), ((2, 2, 2), 2), ((1, 3), 1)]

@@ -15,9 +15,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.placement import parse
-from shardviz.plan import parse_plan_string, plan_steps
+from shardviz.capture import torch as _torch
+from shardviz.data.plan import parse_plan_string, plan_steps
+from shardviz.geometry.placement import parse
 
 MESHES = [(4,), (2, 2), (3, 2), (2, 2, 2)]
 _meshes: dict = {}

@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import shardviz as sv
-from shardviz import _torch, backends
-from shardviz.job import SignalWarning, rank_path
+from shardviz import backends
+from shardviz.capture import torch as _torch
+from shardviz.capture.job import SignalWarning, rank_path
 
 pytestmark = pytest.mark.timeout(60)
 

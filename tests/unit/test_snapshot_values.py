@@ -17,10 +17,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
+from shardviz.capture.recorder import to_numpy
+from shardviz.data.trace import NUMPY_WIDENED, Trace
 from shardviz.errors import SimulationWarning
-from shardviz.recorder import to_numpy
-from shardviz.trace import NUMPY_WIDENED, Trace
 
 WORLD = 4
 
@@ -176,7 +176,7 @@ def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
 
 
 def test_a_tensor_held_only_by_a_grad_slot_counts_as_reached():
-    from shardviz.recorder.snapshot import Alias, alone, holders
+    from shardviz.capture.recorder.snapshot import Alias, alone, holders
 
     p = torch.nn.Parameter(torch.ones(2))
     p.sum().backward()

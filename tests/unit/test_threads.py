@@ -23,11 +23,12 @@ from torch.distributed.tensor.parallel import (
 )
 
 import shardviz as sv
-from shardviz import _torch, backends
+from shardviz import backends
+from shardviz.capture import torch as _torch
+from shardviz.capture.p2p import DeadlockError
+from shardviz.capture.threadpg import CollectiveMismatchError
+from shardviz.data.trace import CollectiveEvent, OpEvent, RedistributeEvent
 from shardviz.errors import BackendError
-from shardviz.p2p import DeadlockError
-from shardviz.threadpg import CollectiveMismatchError
-from shardviz.trace import CollectiveEvent, OpEvent, RedistributeEvent
 
 N = 4
 

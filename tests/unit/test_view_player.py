@@ -28,8 +28,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from widget_comm import attach, invoke
 
 import shardviz as sv
-from shardviz import cost
-from shardviz.trace import TensorSnapshot, Trace
+from shardviz.data import cost
+from shardviz.data.trace import TensorSnapshot, Trace
 from shardviz.views import geometry as g
 from shardviz.views import html as svhtml
 from shardviz.views.player import PlayerWidget

@@ -328,7 +328,7 @@ def test_replicated_blocks_are_striped_diagonally():
 
 
 def test_pipeline_pictures_share_one_palette():
-    from shardviz.pipeline import Interval, Timeline
+    from shardviz.data.pipeline import Interval, Timeline
     from shardviz.views.pipeline_svg import COLOURS, LEGEND, timeline_svg
 
     tl = Timeline(
@@ -369,8 +369,8 @@ def test_a_layout_picture_prints_the_values_where_they_fit():
 def test_merged_ranks_keep_a_raw_call_off_the_worlds_mesh_dim():
     """On real ranks each rank records its own event and the merge finds the mesh dim from the
     merged groups: a raw call on the default group must not gain the world mesh's dim there."""
-    from shardviz.merge import merge
-    from shardviz.trace import CollectiveEvent, TensorSnapshot, Trace
+    from shardviz.data.merge import merge
+    from shardviz.data.trace import CollectiveEvent, TensorSnapshot, Trace
 
     world = {"mesh_shape": [4], "mesh_dim_names": ["tp"], "ranks": [0, 1, 2, 3]}
 

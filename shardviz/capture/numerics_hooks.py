@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _torch
-from .errors import ShardvizError
-from .layout import compute as _compute_layout
-from .numerics import RawCapture, RawTensor, RowKey
+from ..data.numerics import RawCapture, RawTensor, RowKey
+from ..errors import ShardvizError
+from ..geometry.layout import compute as _compute_layout
+from . import torch as _torch
 from .recorder import mode as _mode
 from .recorder.snapshot import flatten, to_numpy
 

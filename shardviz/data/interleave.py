@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import mesh as _mesh
+from ..geometry import mesh as _mesh
 from .merge import merge_event, mesh_candidates, signature
 from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Event, Trace
 

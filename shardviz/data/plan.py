@@ -18,11 +18,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import mesh as _mesh
-from .layout import Layout
-from .layout import compute as compute_layout
-from .placement import Placement, normalize
-from .placement import parse as parse_placement
+from ..geometry import mesh as _mesh
+from ..geometry.layout import Layout
+from ..geometry.layout import compute as compute_layout
+from ..geometry.placement import Placement, normalize
+from ..geometry.placement import parse as parse_placement
 from .trace import CollectiveEvent, Event, RedistributeEvent, TensorSnapshot, Trace, dtype_size
 
 _IMPL = {

@@ -15,13 +15,13 @@ import tokenize
 from types import FrameType
 from typing import Any
 
-from .. import _torch
-from ..trace import Source
+from ...data.trace import Source
+from .. import torch as _torch
 from . import caches
 
 # Frames from these places are library code, not the user's line.
 TORCH_DIR = _torch.TORCH_DIR
-OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the shardviz package
+OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # shardviz/
 # Library wrappers between a user's call and torch (typing_extensions' @deprecated wraps
 # dist.all_gather_into_tensor and dist.reduce_scatter_tensor).
 _SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensions.py", "warnings.py")

@@ -26,10 +26,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from . import mesh as _mesh
-from .layout import Layout
-from .layout import compute as _compute_layout
-from .placement import parse
+from ..geometry import mesh as _mesh
+from ..geometry.layout import Layout
+from ..geometry.layout import compute as _compute_layout
+from ..geometry.placement import parse
 
 # --- tolerances ----------------------------------------------------------------------------------
 

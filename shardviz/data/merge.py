@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..errors import ShardvizError
+from ..geometry import mesh as _mesh
 from . import describe
-from . import mesh as _mesh
-from .errors import ShardvizError
 from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Event, OpEvent, RedistributeEvent, Trace
 
 

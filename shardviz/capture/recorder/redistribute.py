@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .. import _torch
-from ..layout import Layout
-from ..layout import compute as compute_layout
-from ..trace import RedistributeEvent, Source
+from ...data.trace import RedistributeEvent, Source
+from ...geometry.layout import Layout
+from ...geometry.layout import compute as compute_layout
+from .. import torch as _torch
 from . import caches
 
 if TYPE_CHECKING:

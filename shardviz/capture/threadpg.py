@@ -39,8 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _torch
-from .errors import ShardvizError
+from ..errors import ShardvizError
+from . import torch as _torch
 from .p2p import DeadlockError
 from .recorder import frames
 from .recorder.specs import COLLECTIVES, Spec, reduce_name

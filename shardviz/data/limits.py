@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ShardvizError, TraceFileError
+from ..errors import ShardvizError, TraceFileError
 
 
 class LimitError(TraceFileError):

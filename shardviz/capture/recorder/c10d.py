@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .. import _torch
-from ..errors import ShardvizError
+from ...errors import ShardvizError
+from .. import torch as _torch
 from .snapshot import PLAIN, flatten
 from .specs import Spec, reduce_name
 

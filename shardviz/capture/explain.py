@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from .errors import explain
+from ..errors import explain
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]]:
@@ -30,8 +30,8 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
     no_strategy = "does not have a sharding strategy" in msg
     if not (no_strategy or "Sharding propagation failed" in msg):
         return False
-    from . import _torch
-    from .layout import compute
+    from ..geometry.layout import compute
+    from . import torch as _torch
 
     schema = None
     for _, _, f_locals in reversed(frames):
@@ -167,7 +167,7 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
 def _shapes(chunks: object) -> str | None:
     if not isinstance(chunks, (list, tuple)):
         return None
-    from . import _torch
+    from . import torch as _torch
 
     def dim(d: object) -> str:
         values = _torch.per_rank_ints(d)

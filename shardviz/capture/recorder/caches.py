@@ -12,8 +12,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import _torch
-from ..trace import Source
+from ...data.trace import Source
+from .. import torch as _torch
 
 T = TypeVar("T")
 

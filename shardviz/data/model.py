@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from ..geometry.layout import Layout
+from ..geometry.layout import compute as _compute_layout
 from . import describe
 from .describe import rank_list
-from .layout import Layout
-from .layout import compute as _compute_layout
 from .trace import DTYPE_SIZES
 
 KINDS = ("param", "buffer", "grad", "optimizer")
@@ -255,7 +255,7 @@ class ModelMap:
 
 
 def _world_size() -> int:
-    from . import backends
+    from .. import backends
 
     b = backends.peek()
     if b is not None:
@@ -326,7 +326,7 @@ class _Builder:
         )
 
     def add_tensor(self, name: str, kind: str, module: str, param: str, t: Any) -> None:
-        from . import _torch
+        from ..capture import torch as _torch
 
         if _torch.is_dtensor(t):
             self.add_layout(name, kind, module, param, _compute_layout(**_torch.dtensor_geometry(t)), True)

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ShardvizError, TraceFileError
 from .describe import rank_list
-from .errors import ShardvizError, TraceFileError
 from .limits import MAX_DIMS, Bad, Limits, over, parse_json, read_file, read_head, resolve, short
 from .trace import CollectiveEvent, Source, TensorSnapshot, Trace, dtype_size
 
@@ -173,8 +173,8 @@ def dump(folder: str | Path, rank: int | None = None) -> Path:
     """Write this process's Flight Recorder buffer as JSON to ``folder/flight00003.json``
     (atomically: a temporary file, then a rename). Needs ``TORCH_FR_BUFFER_SIZE`` set before the
     process group was made, else the buffer is empty."""
-    from . import _torch
-    from .job import _rank_and_world
+    from ..capture import torch as _torch
+    from ..capture.job import _rank_and_world
 
     rank = _rank_and_world()[0] if rank is None else rank
     path = Path(folder) / f"flight{rank:05d}.json"

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch
+from .. import torch as _torch
 from . import caches
 
 

@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _torch, describe
-from .memory import MemoryTimeline
+from ..data import describe
+from ..data.memory import MemoryTimeline
+from ..data.trace import Event, Trace
+from . import torch as _torch
 from .recorder import Recorder
-from .trace import Event, Trace
 
 # The trackers of the recordings running now: ``sv.per_rank`` makes its LocalTensor without an
 # operator, so it reports the tensor here.

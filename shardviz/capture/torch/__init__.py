@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from .errors import PerRankValueError
-from .mesh import MeshInfo
-from .placement import Placement
+from ...errors import PerRankValueError
+from ...geometry.mesh import MeshInfo
+from ...geometry.placement import Placement
 
 MIN_TORCH = (2, 13)
 TESTED_UP_TO = (2, 15)  # `make test-compat` runs the suite on this one

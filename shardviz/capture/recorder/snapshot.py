@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _torch
-from ..errors import SimulationWarning
-from ..trace import NUMPY_WIDENED, TensorSnapshot
+from ...data.trace import NUMPY_WIDENED, TensorSnapshot
+from ...errors import SimulationWarning
+from .. import torch as _torch
 from . import caches
 
 _SMALL = 64 * 1024  # bytes: below this a buffer costs less to copy than to keep track of

@@ -18,18 +18,10 @@ from typing import Any
 
 import torch
 
-from .. import _torch
-from .. import mesh as _mesh
-from ..errors import PerRankValueError, ShardvizError
-from ..trace import (
-    CollectiveEvent,
-    Event,
-    LocalEvent,
-    OpEvent,
-    RedistributeEvent,
-    Source,
-    Trace,
-)
+from ...data.trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, Source, Trace
+from ...errors import PerRankValueError, ShardvizError
+from ...geometry import mesh as _mesh
+from .. import torch as _torch
 from . import c10d, caches, frames
 from . import redistribute as _redistribute
 from .snapshot import Snapshots, ValueBudget, flatten, nbytes, present_ranks, same_bits, tensors, written

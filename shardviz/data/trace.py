@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .layout import Layout
+from ..geometry.layout import Layout
 
 if TYPE_CHECKING:
     from .limits import Limits
@@ -273,7 +273,7 @@ class Trace:
         return [e for e in self.events if e.parent == event_id]
 
     def __str__(self) -> str:
-        from .views.text import trace_text
+        from ..views.text import trace_text
 
         return trace_text(self)
 

@@ -29,10 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import _torch
-from .errors import BackendError, ShardvizError
-from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
-from .trace import (
+from ..data.trace import (
     DEFAULT_VALUE_BUDGET,
     CollectiveEvent,
     ComputeEvent,
@@ -43,9 +40,12 @@ from .trace import (
     Trace,
     dtype_size,
 )
+from ..errors import BackendError, ShardvizError
+from . import torch as _torch
+from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
 
 if TYPE_CHECKING:
-    from .backends.local import LocalBackend
+    from ..backends.local import LocalBackend
 
 
 class P2PError(ShardvizError, RuntimeError):
@@ -146,7 +146,7 @@ def run_threads(
 
 
 def _set_last(trace: Trace) -> None:
-    from .record import _set_last as set_last
+    from ..record import _set_last as set_last
 
     set_last(trace)
 

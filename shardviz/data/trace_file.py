@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import TraceFileError
-from .layout import Layout, ShardInfo
+from ..errors import TraceFileError
+from ..geometry.layout import Layout, ShardInfo
 from .limits import (
     MAX_DEPTH,
     MAX_DIMS,
@@ -642,7 +642,7 @@ def _decode_nbytes(v: Any, world_size: int) -> dict[int, int]:
 def _decode_layout(v: Any) -> Layout:
     """A Layout from its dict, checked so that views can draw it: placements that parse, one per
     mesh dim; shards with coordinates on the mesh and indices within the global shape."""
-    from .placement import parse
+    from ..geometry.placement import parse
 
     d = mapping(v)
     gshape = _checked("global_shape", d, shape)

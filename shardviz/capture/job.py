@@ -38,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import TraceFileError
-from .limits import Limits, over, read_head, resolve, short
-from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from ..data.limits import Limits, over, read_head, resolve, short
+from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from ..errors import TraceFileError
 
 ENV_DIR = "SHARDVIZ_TRACE_DIR"
 SUFFIX = ".svtrace"
@@ -258,14 +258,14 @@ class JobRecording:
     def _use_rank_backend(self) -> None:
         """``sv.per_rank`` and ``sv.device_type`` inside the job mean this rank, as in a ``%%spmd``
         cell on a real backend (the code's own ``dist`` calls need nothing from shardviz)."""
-        from . import backends
-        from .backends.rank import RankBackend
+        from .. import backends
+        from ..backends.rank import RankBackend
 
         self._backend = RankBackend(_backend_name(), self.world_size, self.rank)
         self._prev_backend = backends.install(self._backend)
 
     def _restore_backend(self) -> None:
-        from . import backends
+        from .. import backends
 
         if self._backend is not None and backends.peek() is self._backend:
             backends.install(self._prev_backend)
@@ -625,8 +625,8 @@ def load_job(folder: str | Path, progress: bool = True, *, limits: Limits | None
     and a ``PartialTraceWarning`` repeats the notes. Two files claiming one rank, and files of a
     rank beyond the world size, are named in the notes and left out.
     """
-    from .merge import merge_partial
-    from .trace import load
+    from ..data.merge import merge_partial
+    from ..data.trace import load
 
     lim = limits if limits is not None else resolve()
     files = rank_files(folder)
@@ -705,8 +705,8 @@ def load_path(
     them (see ``shardviz.flight``), with every size capped (``limits``, default
     ``shardviz.limits.resolve()``). ``source_root`` is where Flight Recorder stacks' source lines
     may be read from (nowhere without it)."""
-    from . import flight
-    from .trace import load
+    from ..data import flight
+    from ..data.trace import load
 
     lim = limits if limits is not None else resolve()
     p = Path(path)
