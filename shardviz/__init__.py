@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._version import __version__
 from .backends import device_type, restart
 from .backends import show as _backend_show
 from .backends import use as _use
@@ -27,8 +28,6 @@ from .geometry.placement import Placement
 from .record import last_trace, per_rank, record, run
 from .show import export_html, play, plot
 from .show import show as _view
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CollectiveEvent",

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .._version import __version__
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
 from ..errors import BackendError
@@ -147,14 +148,12 @@ class RankBackend:
 
 def hello() -> dict[str, Any]:
     """Where this engine runs and what it has; importing this module imported torch and shardviz."""
-    import shardviz
-
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "python": sys.executable,
         "torch": torch.__version__,
-        "shardviz": shardviz.__version__,
+        "shardviz": __version__,
     }
 
 
