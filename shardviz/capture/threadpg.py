@@ -39,15 +39,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ShardvizError
+from ..errors import DeadlockError, ShardvizError
 from . import torch as _torch
-from .p2p import DeadlockError
 from .recorder import frames
 from .recorder.specs import COLLECTIVES, Spec, reduce_name
 
 __all__ = [
     "CollectiveMismatchError",
-    "DeadlockError",
     "MeetingMode",
     "RankThreads",
     "current_rank",

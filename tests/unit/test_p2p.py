@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 import shardviz as sv
 from shardviz.capture import torch as _torch
-from shardviz.capture.p2p import DeadlockError, P2PError
 from shardviz.data.flow import Transfer, transfers
+from shardviz.errors import DeadlockError, P2PError
 
 N = 4
 

@@ -25,10 +25,9 @@ from torch.distributed.tensor.parallel import (
 import shardviz as sv
 from shardviz import backends
 from shardviz.capture import torch as _torch
-from shardviz.capture.p2p import DeadlockError
 from shardviz.capture.threadpg import CollectiveMismatchError
 from shardviz.data.trace import CollectiveEvent, OpEvent, RedistributeEvent
-from shardviz.errors import BackendError
+from shardviz.errors import BackendError, DeadlockError
 
 N = 4
 

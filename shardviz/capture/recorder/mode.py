@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ...data.trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, Source, Trace
-from ...errors import PerRankValueError, ShardvizError
+from ...errors import P2P_HELP, P2PError, PerRankValueError, ShardvizError
 from ...geometry import mesh as _mesh
 from .. import torch as _torch
 from . import c10d, caches, frames
@@ -437,8 +437,6 @@ class Recorder(_torch.DebugMode):
     ) -> Any:
         spec, impl, names = entry
         if self.rank is None and spec.op in ("send", "recv"):
-            from ..p2p import P2P_HELP, P2PError
-
             raise P2PError(
                 f"{impl} cannot run in a plain simulation: every rank runs in one thread here.\n{P2P_HELP}"
             )
