@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
-from .backends import device_type, restart
-from .backends import show as _backend_show
-from .backends import use as _use
+from .backends.choose import device_type, restart
+from .backends.choose import show as _backend_show
+from .backends.choose import use as _use
 from .capture import torch as _torch
-from .capture.job import record_job
 from .compare import compare
 from .data.memory import MemoryTimeline
 from .data.model import ModelMap, model_map
@@ -25,7 +24,7 @@ from .diff import diff, numerics
 from .geometry.layout import Layout, ShardInfo
 from .geometry.layout import compute as _compute_layout
 from .geometry.placement import Placement
-from .record import last_trace, per_rank, record, run
+from .record import last_trace, per_rank, record, record_job, run
 from .show import export_html, play, plot
 from .show import show as _view
 

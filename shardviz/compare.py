@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from . import backends
+from .backends import session
 from .backends.base import Backend
+from .backends.choose import current
 from .data.trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
 from .errors import BackendError, explain
 
@@ -126,7 +127,7 @@ def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comp
 
 
 def _real_backend(who: str) -> Backend:
-    real = backends.current()
+    real = current()
     if real.simulated:
         raise BackendError(
             f"{who} compares the simulator with real process groups: switch to one first, e.g. "
@@ -141,7 +142,7 @@ def _simulator(world_size: int) -> Any:
 
     local = LocalBackend(world_size)
     try:
-        with backends.swapped(local):
+        with session.swapped(local):
             yield local
     finally:
         local.close()

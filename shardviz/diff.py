@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from . import backends
+from .backends.choose import current
 from .capture import numerics_hooks as numerics_capture
 from .capture import torch as _torch
 from .capture.numerics_hooks import DEFAULT_BUDGET
@@ -91,7 +91,7 @@ def numerics(
             budget=budget,
             seed=seed,
         )
-    backend = backends.current()
+    backend = current()
     raw, trace = _parallel_step(
         backend,
         model,
@@ -208,7 +208,7 @@ def _in_simulator(
 ) -> StepNumerics:
     from .compare import _simulator
 
-    real = backends.current()
+    real = current()
     if real.simulated:
         raise BackendError(
             "sv.diff(..., against='simulator') sets real ranks (or one thread per rank) against the "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .backends import session
 from .capture import torch as _torch
 from .capture.recorder import to_numpy
 from .data.trace import Event, Trace
@@ -392,3 +393,6 @@ def _check_options(who: str, options: Mapping[str, Any], allowed: tuple[str, ...
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f"{who} got unknown option(s) {unknown}; it takes {', '.join(allowed)}")
+
+
+session.set_drawer(show)  # a backend hands what it wants drawn to session.draw

@@ -74,13 +74,6 @@ def check_world_size(world_size: object) -> int:
     return world_size
 
 
-def draw(obj: Any, **options: Any) -> Any:
-    """The notebook view of ``obj``: what ``sv.show`` is wherever the notebook itself draws."""
-    from ..show import show as view  # the views load only when something is drawn
-
-    return view(obj, **options)
-
-
 def counts_memory(memory: Any) -> bool:
     return memory is not False and memory is not None
 

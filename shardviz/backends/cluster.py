@@ -44,7 +44,8 @@ from typing import Any
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, ShardvizError
 from . import rank as _rank
-from .base import check_world_size, draw, rank_tensor, refuse_record, refuse_simulation_options
+from . import session
+from .base import check_world_size, rank_tensor, refuse_record, refuse_simulation_options
 from .watchdog import Watchdog
 
 _LOG = logging.getLogger("shardviz.cluster")
@@ -656,8 +657,8 @@ def same_value(a: Any, b: Any) -> bool:
 
 
 def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
-    """The widget for one ``sv.show`` call from every rank's layout and shard, drawn with
-    ``shardviz.show.show_layout`` exactly as under the simulator (a text Layout if it is absent)."""
+    """The widget for one ``sv.show`` call from every rank's layout and shard: plain data handed
+    to the drawer, which draws it exactly as under the simulator."""
     from ..geometry.layout import Layout
 
     ranks = sorted(payloads)
@@ -669,14 +670,10 @@ def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
         chunks = {r: payloads[r]["values"] for r in ranks}
         offsets = {r: tuple(payloads[r]["chunk"]["offset"]) for r in ranks}
         layout = chunk_layout(chunks, offsets, meta["global_shape"], meta["dtype"])
-        from ..show import show_layout
-
-        return show_layout(layout, chunks, **dict(first.get("options") or {}))
+        return session.draw(layout, values=chunks, **dict(first.get("options") or {}))
     layout = Layout.from_dict(first["layout"])
     values = {r: payloads[r]["values"] for r in ranks if payloads[r].get("values") is not None}
-    from ..show import show_layout
-
-    return show_layout(layout, values or None, **dict(first.get("options") or {}))
+    return session.draw(layout, values=values or None, **dict(first.get("options") or {}))
 
 
 def _swap_markers(value: Any, widgets: Mapping[int, Any]) -> Any:
@@ -1255,8 +1252,6 @@ class ClusterBackend:
 
     def finish(self, runs: Sequence[RankRun], values: str | int) -> tuple[Trace | None, dict[int, Any]]:
         """Show outputs, merge the traces, raise the ranks' errors: what every call ends with."""
-        from ..record import _set_last
-
         widgets = self.gather_shows(runs)
         self.show_outputs(runs, widgets)
         errors = {r.rank: r.error for r in runs if r.error}
@@ -1269,7 +1264,7 @@ class ClusterBackend:
             trace_note = f"(no merged trace: {str(e).splitlines()[0]})"
         else:
             trace_note = ""
-            _set_last(trace)
+            session.set_last(trace)
         if errors:
             where = {r.rank: where_text(r) for r in runs}
             head = _error_head(errors)
@@ -1339,7 +1334,7 @@ class ClusterBackend:
     def show(self, obj: Any, **options: Any) -> Any:
         """In the notebook: the view itself (a cell's ``sv.show`` on the ranks comes back as its
         widget, drawn from every rank's shard)."""
-        return draw(obj, **options)
+        return session.draw(obj, **options)
 
     def _value(self, runs: Sequence[RankRun], widgets: Mapping[int, Any]) -> Any:
         """The cell's value as the simulator shows it: a tensor per rank is a LocalTensor, a value

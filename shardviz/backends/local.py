@@ -21,7 +21,8 @@ import torch.distributed as dist
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
-from .base import MEMORY_REFUSED, check_world_size, counts_memory, draw, rank_tensor
+from . import session
+from .base import MEMORY_REFUSED, check_world_size, counts_memory, rank_tensor
 
 
 class LocalBackend:
@@ -104,7 +105,6 @@ class LocalBackend:
         from ..capture.explain import explain_simulation_error
         from ..capture.recorder import Recorder, ValueBudget
         from ..capture.storage import MemoryRecorder
-        from ..record import _set_last
 
         ValueBudget(values)  # validate before entering anything
         trace = Trace(self.world_size, "local", values)
@@ -121,7 +121,7 @@ class LocalBackend:
             raise
         finally:
             recorder.finish()
-            _set_last(trace)
+            session.set_last(trace)
 
     def run(
         self,
@@ -140,7 +140,10 @@ class LocalBackend:
                 raise NotImplementedError(MEMORY_REFUSED)
             from ..capture.p2p import run_threads
 
-            return run_threads(self, fn, args, kwargs, threads=threads, values=values)
+            self._ensure_pg()
+            trace = Trace(self.world_size, "local", values)
+            run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
+            return trace
         from ..capture.recorder import split_per_rank
 
         with self.record(values, memory=memory) as trace:
@@ -176,7 +179,7 @@ class LocalBackend:
             return run_compiled(body, last, ns)
 
     def show(self, obj: Any, **options: Any) -> Any:
-        return draw(obj, **options)
+        return session.draw(obj, **options)
 
     def __repr__(self) -> str:
         return f"LocalBackend(world_size={self.world_size})"

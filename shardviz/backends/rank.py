@@ -46,7 +46,8 @@ from .._version import __version__
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
 from ..errors import BackendError
-from .base import draw, rank_tensor, refuse_record, refuse_simulation_options
+from . import session
+from .base import rank_tensor, refuse_record, refuse_simulation_options
 
 # The mimetype a ``sv.show`` marker displays as on a rank; the client swaps in the widget.
 SHOW_MIME = "application/vnd.shardviz.show+json"
@@ -137,7 +138,7 @@ class RankBackend:
         which draws every rank's together; otherwise (``%px``, ``sv.record_job``) draw here."""
         if _state is not None and _state.running:
             return gather_show(obj, **options)
-        return draw(obj, **options)
+        return session.draw(obj, **options)
 
     def __repr__(self) -> str:
         return f"RankBackend({self.name!r}, rank={self.rank}, world_size={self.world_size})"
@@ -282,10 +283,8 @@ def teardown() -> None:
     global _state
     _destroy_pg()
     _state = None
-    from .. import backends
-
-    if isinstance(backends.peek(), RankBackend):
-        backends.install(None)
+    if isinstance(session.peek(), RankBackend):
+        session.install(None)
 
 
 def _destroy_pg() -> None:
@@ -294,9 +293,7 @@ def _destroy_pg() -> None:
 
 
 def _install(backend: RankBackend) -> None:
-    from .. import backends
-
-    backends.install(backend)
+    session.install(backend)
 
 
 def _require_state() -> _RankState:

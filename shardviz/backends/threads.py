@@ -45,7 +45,8 @@ from ..data.interleave import Link, Message, interleave
 from ..data.merge import SequenceMismatchError, check_sequences, merge
 from ..data.trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Trace
 from ..errors import BackendError
-from .base import check_world_size, counts_memory, draw, rank_tensor
+from . import session
+from .base import check_world_size, counts_memory, rank_tensor
 
 NAME = "threads"
 _COMPUTE_NAMES = {
@@ -175,7 +176,7 @@ class ThreadsBackend:
         """Inside a rank's code: this rank's part, drawn with the others' when the run ends."""
         rank = threadpg.current_rank()
         if rank is None:
-            return draw(obj, **options)
+            return session.draw(obj, **options)
         from .rank import show_payload
 
         payload = show_payload(obj, rank, **options)
@@ -190,8 +191,6 @@ class ThreadsBackend:
 
     def _run(self, body: Callable[[int], Any], values: str | int) -> tuple[dict[int, Any], Trace]:
         """``body(rank)`` on every rank, recorded; (each rank's value, the merged trace)."""
-        from ..record import _set_last
-
         ValueBudget(values)
         share = (
             values // self.world_size if isinstance(values, int) and not isinstance(values, bool) else values
@@ -230,13 +229,13 @@ class ThreadsBackend:
             streams.replay()
             trace = self._merged(recorders, values, complete=False)
             if trace is not None:
-                _set_last(trace)
+                session.set_last(trace)
             raise
         streams.replay()
         self._widgets = _draw_shows(self._shows)
         trace = self._merged(recorders, values, complete=True)
         assert trace is not None
-        _set_last(trace)
+        session.set_last(trace)
         return results, trace
 
     def _merged(self, recorders: dict[int, _RankRecorder], values: str | int, complete: bool) -> Trace | None:

@@ -35,6 +35,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,8 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _backend_name() -> str:
+def backend_name() -> str:
+    """The process group's backend (``gloo``, ``nccl``), or ``job`` before there is one."""
     try:
         import torch.distributed as dist
 
@@ -111,6 +113,7 @@ class JobRecording:
         values: str | int = DEFAULT_VALUE_BUDGET,
         flush_every: float = 1.0,
         signals: bool = True,
+        around: Callable[[JobRecording], AbstractContextManager[Any]] | None = None,
     ) -> None:
         from .recorder import ValueBudget
 
@@ -140,8 +143,8 @@ class JobRecording:
         self._prev_term: Any = None
         self._prev_hook: Any = None
         self._error: str | None = None
-        self._backend: Any = None  # the RankBackend installed, while it is
-        self._prev_backend: Any = None
+        self._around = around  # entered by start, left when start's work is given back
+        self._entered_around: AbstractContextManager[Any] | None = None
         self._meta = {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -181,7 +184,9 @@ class JobRecording:
         rec.__enter__()
         self._recorder = rec
         try:
-            self._use_rank_backend()
+            if self._around is not None:
+                self._entered_around = self._around(self)
+                self._entered_around.__enter__()
             if self.signals:
                 self._install_signals()
             self._prev_hook = sys.excepthook
@@ -247,29 +252,15 @@ class JobRecording:
         return self.trace
 
     def _give_back(self) -> None:
-        """Everything ``start`` installed: handlers, hooks, the backend (the background thread is
-        gone, so the wakeup sockets can close)."""
+        """Everything ``start`` installed: handlers, hooks, what ``around`` entered (the rank's
+        backend) — the background thread is gone, so the wakeup sockets can close."""
         try:
             self._restore_signals(close=True)
             self._restore_hooks()
         finally:
-            self._restore_backend()
-
-    def _use_rank_backend(self) -> None:
-        """``sv.per_rank`` and ``sv.device_type`` inside the job mean this rank, as in a ``%%spmd``
-        cell on a real backend (the code's own ``dist`` calls need nothing from shardviz)."""
-        from .. import backends
-        from ..backends.rank import RankBackend
-
-        self._backend = RankBackend(_backend_name(), self.world_size, self.rank)
-        self._prev_backend = backends.install(self._backend)
-
-    def _restore_backend(self) -> None:
-        from .. import backends
-
-        if self._backend is not None and backends.peek() is self._backend:
-            backends.install(self._prev_backend)
-        self._backend = None
+            entered, self._entered_around = self._entered_around, None
+            if entered is not None:
+                entered.__exit__(None, None, None)
 
     def __enter__(self) -> JobRecording:
         return self.start()
@@ -334,7 +325,7 @@ class JobRecording:
         if self._pending is not None:
             status["in_collective"] = dict(self._pending)
         trace.backend = "rank"
-        trace.meta = {**self._meta, "backend": _backend_name(), "updated": time.time(), "status": status}
+        trace.meta = {**self._meta, "backend": backend_name(), "updated": time.time(), "status": status}
         if how != "finished":
             trace.complete = False
         return trace
@@ -527,27 +518,6 @@ class JobRecording:
             for s in self._wake:
                 s.close()
             self._wake = None
-
-
-def record_job(
-    path: str | Path | None = None,
-    *,
-    values: str | int = DEFAULT_VALUE_BUDGET,
-    flush_every: float = 1.0,
-    signals: bool = True,
-) -> JobRecording:
-    """Record this rank of a real job (torchrun, Slurm, ...) into ``path/rankNNNNN.svtrace``.
-
-    ``with sv.record_job("traces/run1"): train()`` — or ``sv.record_job()`` alone, which records
-    from here to the end of the process. With no ``path`` the folder is ``$SHARDVIZ_TRACE_DIR``;
-    when that is unset too, nothing is recorded (so the line can stay in a script). ``values`` is
-    the value policy of ``sv.record`` (``"all"``, ``"none"`` or a byte budget per rank). The file is
-    rewritten while the rank runs (at most every ``flush_every`` seconds) and when it ends — also on
-    an exception, SIGTERM (``signals=False`` leaves SIGTERM alone) or exit — so a rank that died or
-    hung leaves how far it got. Open the folder with ``sv.load(folder)``.
-    """
-    folder = path if path is not None else os.environ.get(ENV_DIR) or None
-    return JobRecording(folder, values=values, flush_every=flush_every, signals=signals).start()
 
 
 # --- reading a job's folder ----------------------------------------------------------------------

@@ -27,10 +27,9 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..data.trace import (
-    DEFAULT_VALUE_BUDGET,
     CollectiveEvent,
     ComputeEvent,
     Event,
@@ -43,10 +42,6 @@ from ..data.trace import (
 from ..errors import BackendError, DeadlockError, P2PError
 from . import torch as _torch
 from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
-
-if TYPE_CHECKING:
-    from ..backends.local import LocalBackend
-
 
 _COMPUTE_NAMES = {
     "forward_one_chunk": "forward",
@@ -75,35 +70,35 @@ def live_ranks(world_size: int, threads: int) -> list[frozenset[int]]:
 
 
 def run_threads(
-    backend: LocalBackend,
+    trace: Trace,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
     threads: int,
-    values: str | int = DEFAULT_VALUE_BUDGET,
-) -> Trace:
+    done: Callable[[Trace], None],
+) -> None:
     """``sv.run(fn, *args, threads=N)`` on the simulator: ``fn(thread, *args, **kwargs)`` in
-    ``threads`` simulated threads; return the merged Trace.
+    ``threads`` simulated threads, recorded into ``trace`` (its world size and value policy).
 
-    ``trace.results[rank]`` is what ``fn`` returned on that rank's thread, at that rank.
+    ``trace.results[rank]`` is what ``fn`` returned on that rank's thread, at that rank. The trace
+    is handed to ``done`` once it holds what ran, also when the run fails (not when it is refused).
     """
+    values = trace.values
     ValueBudget(values)
     if _torch.active_local_mode() is not None:
         raise BackendError(
             "sv.run(fn, threads=N) cannot run inside sv.record() or a %%spmd cell: call it outside"
         )
-    backend._ensure_pg()
-    world = backend.world_size
+    world = trace.world_size
     state = _Run(world, live_ranks(world, threads), values)
-    trace = Trace(world, "local", values)
     try:
         with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), state.pipeline_hooks():
             results = state.sim.run(lambda t: fn(t, *args, **kwargs), setup=state.thread_setup)
     except _torch.P2PStuck as e:
         trace.complete = False
         _finish(state, trace)
-        _set_last(trace)
+        done(trace)
         raise DeadlockError(
             "deadlock: every simulated rank is finished or blocked in a receive that nothing will "
             f"satisfy:\n{e}\nOn real ranks this program would hang. Make every recv match a send "
@@ -116,20 +111,13 @@ def run_threads(
     except BaseException:
         trace.complete = False
         _finish(state, trace)
-        _set_last(trace)
+        done(trace)
         raise
     _finish(state, trace)
     trace.results = {}
     for t, live in enumerate(state.live):
         trace.results.update(split_per_rank(results.get(t), sorted(live)))
-    _set_last(trace)
-    return trace
-
-
-def _set_last(trace: Trace) -> None:
-    from ..record import _set_last as set_last
-
-    set_last(trace)
+    done(trace)
 
 
 class _ThreadRecorder(Recorder):

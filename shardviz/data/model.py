@@ -255,9 +255,9 @@ class ModelMap:
 
 
 def _world_size() -> int:
-    from .. import backends
+    from ..backends import session
 
-    b = backends.peek()
+    b = session.peek()
     if b is not None:
         return int(b.world_size)
     import torch.distributed as dist

@@ -13,7 +13,7 @@ import torch
 from test_architecture import PACKAGE, ROOT, forbidden_imports
 
 import shardviz as sv
-from shardviz import backends
+from shardviz.backends import session
 from shardviz.backends.base import Backend
 from shardviz.backends.cluster import ClusterBackend
 from shardviz.backends.local import LocalBackend
@@ -76,7 +76,7 @@ def test_real_backends_refuse_what_only_the_simulator_does(cls):
     def fn(*args):
         return torch.ones(1)
 
-    with backends.swapped(backend):
+    with session.swapped(backend):
         refused = "record\\(\\) runs code in this process, which the 'gloo'"
         with pytest.raises(BackendError, match=refused), sv.record():
             pass
@@ -97,7 +97,7 @@ def test_sv_show_asks_the_current_backend():
         def show(self, obj, **options):
             return ("drawn", obj, options)
 
-    with backends.swapped(Drawing()):
+    with session.swapped(Drawing()):
         assert sv.show("x", title="t") == ("drawn", "x", {"title": "t"})
 
 

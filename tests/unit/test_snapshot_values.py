@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
+from shardviz.backends import choose
 from shardviz.capture import torch as _torch
 from shardviz.capture.recorder import to_numpy
 from shardviz.data.trace import NUMPY_WIDENED, Trace
@@ -68,7 +69,7 @@ def test_output_written_after_the_recording(mesh, n):
     with sv.record() as trace:
         dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
         out = dt.redistribute(mesh, [Replicate()])
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         out.zero_()
         dt.fill_(7)
     (gather,) = [c for c in trace.collectives() if c.op == "all_gather"]
@@ -132,7 +133,7 @@ def test_buffers_the_user_still_holds_are_copied_when_the_recording_ends(mesh, n
     held, dropped = trace.collectives()
     per = _torch.local_tensors(t)
     assert not any(np.shares_memory(held.outputs[r].values, per[r].numpy()) for r in range(WORLD))
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         t.fill_(-5.0)
     total = float(sum(range(WORLD)))
     assert same(held.outputs[0].values, total)
@@ -167,7 +168,7 @@ def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
     with sv.record() as trace:
         (x * 2).sum().backward()
         dist.all_reduce(x.grad)
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         (x * 3).sum().backward()  # accumulates into x.grad in place
     (c,) = trace.collectives()
     assert same(c.inputs[1].values, 2.0)
@@ -195,7 +196,7 @@ def test_a_view_of_a_buffer_written_through_its_base(mesh, n):
         dist.all_reduce(base.view(-1))
         base.add_(1)  # through the base, in the recording
         dist.all_reduce(base.view(-1))
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         base.fill_(-1)  # and after it
     first, second = trace.collectives()
     assert first.outputs[0].shape == (2 * n,) and same(first.outputs[0].values, total)
