@@ -95,8 +95,8 @@ def load(
     ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
-    from .capture.job import load_path
     from .data.limits import resolve
+    from .data.load import load_path
 
     limits = resolve(
         max_member_bytes=max_member_bytes,

@@ -12,7 +12,7 @@ from typing import Any
 from .backends import session
 from .backends.choose import current
 from .capture.job import ENV_DIR, JobRecording, backend_name
-from .capture.recorder import Recorder, ValueBudget
+from .capture.recorder import ValueBudget
 from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 
 
@@ -71,31 +71,6 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
     if not callable(fn):
         raise TypeError(f"sv.per_rank needs a callable taking the rank, got {type(fn).__name__}")
     return current().per_rank(fn)
-
-
-@contextlib.contextmanager
-def record_rank(
-    rank: int,
-    world_size: int,
-    values: str | int = DEFAULT_VALUE_BUDGET,
-    on_collective: Callable[..., None] | None = None,
-) -> Iterator[Trace]:
-    """Record what one real process communicates: its own buffers and its own groups.
-
-    Used on each rank of a real backend; the client merges the ranks' traces into one.
-    ``on_collective`` is the Recorder's hook, called before and after each collective.
-    """
-    ValueBudget(values)
-    trace = Trace(world_size, "rank", values)
-    recorder = Recorder(trace, world_size, values, rank=rank, on_collective=on_collective)
-    try:
-        with recorder:
-            yield trace
-    except BaseException:
-        trace.complete = False
-        raise
-    finally:
-        recorder.finish()
 
 
 def record_job(

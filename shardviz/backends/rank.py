@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from .._version import __version__
 from ..capture import torch as _torch
+from ..capture.job import record_rank
 from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
 from ..errors import BackendError
 from . import session
@@ -658,8 +659,6 @@ def _rebind(f: Any, g: dict[str, Any]) -> Any:
 
 
 def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict[str, Any]:
-    from ..record import record_rank
-
     st = _require_state()
     st.displayed = set()
     first_show = st.next_show

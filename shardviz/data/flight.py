@@ -6,7 +6,7 @@ each one its process group (name and description), its sequence number in that g
 (``scheduled`` / ``started`` / ``completed``; gloo only says ``scheduled``) and — in torch's pickle
 form only — the Python stack. Enable it with ``TORCH_FR_BUFFER_SIZE=2000`` (older:
 ``TORCH_NCCL_TRACE_BUFFER_SIZE``) before the process group is made; it records NCCL and, in torch
-2.13 and 2.15, gloo collectives too. Dump each rank with ``shardviz.flight.dump(folder)`` (JSON,
+2.13 and 2.15, gloo collectives too. Dump each rank with ``shardviz.capture.flight.dump(folder)`` (JSON,
 ``torch._C._distributed_c10d._dump_fr_trace_json``), or let NCCL dump on a timeout
 (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``, files named ``$TORCH_FR_DUMP_TEMP_FILE<rank>``).
 
@@ -154,7 +154,7 @@ def read_dump(path: str | Path, allow_pickle: bool = False, limits: Limits | Non
                 f"{p} is a pickled Flight Recorder dump. Unpickling runs whatever code the file names, "
                 "so shardviz does not open it by default: pass allow_pickle=True "
                 "(sv.load(path, allow_pickle=True)) only for a file you trust, or dump JSON instead "
-                "(shardviz.flight.dump, or torch._C._distributed_c10d._dump_fr_trace_json)"
+                "(shardviz.capture.flight.dump, or torch._C._distributed_c10d._dump_fr_trace_json)"
             )
         import pickle
 
@@ -167,22 +167,6 @@ def read_dump(path: str | Path, allow_pickle: bool = False, limits: Limits | Non
     if not isinstance(doc, dict) or not isinstance(doc.get("entries", []), list | tuple):
         raise TraceFileError(f"{p} is not a Flight Recorder dump (no 'entries' list)")
     return doc
-
-
-def dump(folder: str | Path, rank: int | None = None) -> Path:
-    """Write this process's Flight Recorder buffer as JSON to ``folder/flight00003.json``
-    (atomically: a temporary file, then a rename). Needs ``TORCH_FR_BUFFER_SIZE`` set before the
-    process group was made, else the buffer is empty."""
-    from ..capture import torch as _torch
-    from ..capture.job import _rank_and_world
-
-    rank = _rank_and_world()[0] if rank is None else rank
-    path = Path(folder) / f"flight{rank:05d}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(_torch.flight_recorder_dump())
-    os.replace(tmp, path)
-    return path
 
 
 # --- alignment -----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz.capture.job import PartialTraceWarning
+from shardviz.data.load import PartialTraceWarning
 from shardviz.data.trace import CollectiveEvent
 from shardviz.errors import TraceFileError
 
@@ -60,7 +60,7 @@ def faulty(bad, how):
 
 
 def flight(folder, pickled):
-    import shardviz.data.flight
+    import shardviz.capture.flight
     from shardviz.capture import torch as _torch
     t = torch.ones(4) * dist.get_rank()
     dist.all_reduce(t)
@@ -72,7 +72,7 @@ def flight(folder, pickled):
     if dist.get_rank() != 1:
         dist.all_reduce(t, async_op=True)  # rank 1 never joins: its dump lacks this one
     time.sleep(0.5)
-    shardviz.data.flight.dump(folder)
+    shardviz.capture.flight.dump(folder)
     with open(os.path.join(pickled, f"fr_trace_rank_{dist.get_rank()}"), "wb") as f:
         f.write(_torch.flight_recorder_dump(pickled=True))
     sys.stdout.flush()

@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 import shardviz as sv
-from shardviz.capture.job import PartialTraceWarning, rank_path
 from shardviz.data import flight
+from shardviz.data.load import PartialTraceWarning, rank_path
 from shardviz.data.merge import SequenceMismatchError, merge
 from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
 from shardviz.errors import TraceFileError

@@ -19,8 +19,8 @@ import pytest
 
 import shardviz as sv
 from shardviz.__main__ import main as cli
-from shardviz.capture.job import PartialTraceWarning, rank_path
 from shardviz.data.limits import LimitError
+from shardviz.data.load import PartialTraceWarning, rank_path
 from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
 from shardviz.errors import ShardvizError, TraceFileError
 from shardviz.geometry.layout import compute
