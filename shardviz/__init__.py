@@ -8,18 +8,24 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .backends import session as _session
 from .backends.choose import device_type, restart
 from .backends.choose import show as _backend_show
 from .backends.choose import use as _use
 from .capture import torch as _torch
+from .capture.model_map import model_map as _model_map
+from .capture.recorder.snapshot import from_values as _from_values
 from .compare import compare
+from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot
+from .data.limits import resolve as _resolve
+from .data.load import load_path as _load_path
 from .data.memory import MemoryTimeline
-from .data.model import ModelMap, model_map
+from .data.model import ModelMap
 from .data.numerics import NumericsReport, StepNumerics, Tolerance
 from .data.pipeline import Timeline
 from .data.pipeline import timeline as pipeline_timeline
 from .data.plan import plan
-from .data.trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
+from .data.trace import Trace
 from .diff import diff, numerics
 from .geometry.layout import Layout, ShardInfo
 from .geometry.layout import compute as _compute_layout
@@ -95,17 +101,19 @@ def load(
     ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
-    from .data.limits import resolve
-    from .data.load import load_path
-
-    limits = resolve(
+    limits = _resolve(
         max_member_bytes=max_member_bytes,
         max_file_bytes=max_file_bytes,
         max_json_bytes=max_json_bytes,
         max_world_size=max_world_size,
     )
-    return load_path(
-        path, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=limits
+    return _load_path(
+        path,
+        allow_pickle=allow_pickle,
+        progress=progress,
+        source_root=source_root,
+        limits=limits,
+        tensor=_from_values,  # a saved tensor result comes back a torch tensor
     )
 
 
@@ -162,6 +170,34 @@ def layout(
             'sv.layout((10, 3), (4,), ["S(0)"]); or pass a DTensor'
         )
     return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)
+
+
+def model_map(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    world_size: int | None = None,
+    grads: bool = True,
+    buffers: bool = True,
+    name: str | None = None,
+) -> ModelMap:
+    """The model map of an ``nn.Module`` (DTensor or plain parameters, any device, meta too), or of
+    a mapping ``{name: Layout}`` (pure geometry, e.g. from ``sv.layout(shape, mesh, placements)``).
+
+    ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
+    counted as rows of kind ``"optimizer"``. ``grads``: count each parameter's ``.grad`` when it
+    has one. ``world_size``: the world plain tensors are replicated over (default: the current
+    backend's, or the largest rank any DTensor names, plus one).
+    """
+    return _model_map(
+        model,
+        optimizer,
+        world_size=world_size,
+        grads=grads,
+        buffers=buffers,
+        name=name,
+        backend_world=_session.world_size(),
+    )
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 from .backends import session
 from .backends.base import Backend
 from .backends.choose import current
-from .data.trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
+from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot
+from .data.trace import Trace
 from .errors import BackendError, explain
 
 RTOL = 1e-5

@@ -23,6 +23,7 @@ from .capture import numerics_hooks as numerics_capture
 from .capture import torch as _torch
 from .capture.numerics_hooks import DEFAULT_BUDGET
 from .data import describe
+from .data.events import Source
 from .data.numerics import (
     EventNote,
     NumericsReport,
@@ -34,7 +35,7 @@ from .data.numerics import (
     compare,
     merge_raw,
 )
-from .data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 from .errors import BackendError
 
 

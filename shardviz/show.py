@@ -19,7 +19,8 @@ import torch
 from .backends import session
 from .capture import torch as _torch
 from .capture.recorder import to_numpy
-from .data.trace import Event, Trace
+from .data.events import Event
+from .data.trace import Trace
 from .geometry.layout import Layout, ShardInfo
 from .geometry.layout import compute as _compute_layout
 
@@ -229,14 +230,15 @@ def _is_model(obj: Any) -> bool:
 
 def _model_map(obj: Any, options: dict[str, Any]) -> ModelMap:
     """A ModelMap as given, or built from a module with the map options (popped)."""
-    from .data.model import ModelMap, model_map
+    from .capture.model_map import model_map
+    from .data.model import ModelMap
 
     opts = {k: options.pop(k) for k in _MAP_OPTIONS if k in options}
     if isinstance(obj, ModelMap):
         if opts:
             raise TypeError(f"{sorted(opts)} build a model map from a module; this ModelMap is already built")
         return obj
-    return model_map(obj, **opts)
+    return model_map(obj, **opts, backend_world=session.world_size())
 
 
 def _model_widget(obj: Any, who: str, options: dict[str, Any]) -> ModelWidget:

@@ -41,7 +41,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capture.recorder.snapshot import from_values
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
+from ..data.trace_read import load_trace
 from ..errors import BackendError, ShardvizError
 from . import rank as _rank
 from . import session
@@ -690,13 +692,11 @@ def _swap_markers(value: Any, widgets: Mapping[int, Any]) -> Any:
 
 def load_rank_trace(data: bytes) -> Trace:
     """A rank's trace from the bytes of ``trace.save``: JSON and ``.npy`` only, no pickle."""
-    from ..data.trace import load
-
     with tempfile.TemporaryDirectory(prefix="shardviz-") as d:
         path = os.path.join(d, "rank.svtrace")
         with open(path, "wb") as f:
             f.write(data)
-        return load(path)
+        return load_trace(path, tensor=from_values)
 
 
 # --- the backend ---------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ import torch.distributed as dist
 from .._version import __version__
 from ..capture import torch as _torch
 from ..capture.job import record_rank
-from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from ..data.events import Source
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError
 from . import session
 from .base import rank_tensor, refuse_record, refuse_simulation_options
@@ -543,9 +544,9 @@ def show_payload(obj: Any, rank: int, **options: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
         # The model map is plain data, the same on every rank: it travels back as the cell's
         # value (or displays as its text table); sv.show(map) in an ordinary cell draws the widget.
-        from ..data.model import model_map
+        from ..capture.model_map import model_map
 
-        return model_map(obj, **options)
+        return model_map(obj, **options, backend_world=session.world_size())
     if _torch.is_dtensor(obj):
         layout = compute_layout(**_torch.dtensor_geometry(obj))
         values: np.ndarray | None = to_numpy(obj.to_local())

@@ -47,6 +47,11 @@ def swapped(backend: Backend) -> Iterator[Backend]:
         install(saved)
 
 
+def world_size() -> int | None:
+    """The current backend's world size, or None before any backend was built."""
+    return None if _current is None else int(_current.world_size)
+
+
 def last_trace() -> Trace | None:
     """The trace of the last ``record()`` block, ``run()`` or ``%%spmd`` cell."""
     return _last

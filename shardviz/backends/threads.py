@@ -41,9 +41,10 @@ from ..capture import torch as _torch
 from ..capture.recorder import Recorder, ValueBudget, split_per_rank
 from ..capture.recorder.snapshot import flatten, nbytes
 from ..capture.recorder.specs import params
+from ..data.events import CollectiveEvent, ComputeEvent
 from ..data.interleave import Link, Message, interleave
 from ..data.merge import SequenceMismatchError, check_sequences, merge
-from ..data.trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Trace
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError
 from . import session
 from .base import check_world_size, counts_memory, rank_tensor

@@ -36,8 +36,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ..data.events import Source
 from ..data.load import rank_path
-from ..data.trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from .recorder import Recorder, ValueBudget
 
 ENV_DIR = "SHARDVIZ_TRACE_DIR"

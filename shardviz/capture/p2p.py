@@ -29,16 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from ..data.trace import (
-    CollectiveEvent,
-    ComputeEvent,
-    Event,
-    LocalEvent,
-    Source,
-    TensorSnapshot,
-    Trace,
-    dtype_size,
-)
+from ..data.events import CollectiveEvent, ComputeEvent, Event, LocalEvent, Source, TensorSnapshot, dtype_size
+from ..data.trace import Trace
 from ..errors import BackendError, DeadlockError, P2PError
 from . import torch as _torch
 from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy

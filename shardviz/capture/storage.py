@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from ..data import describe
+from ..data.events import Event
 from ..data.memory import MemoryTimeline
-from ..data.trace import Event, Trace
+from ..data.trace import Trace
 from . import torch as _torch
 from .recorder import Recorder
 

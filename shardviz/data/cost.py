@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import describe
-from .trace import CollectiveEvent, Event
+from .events import CollectiveEvent, Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,14 +190,6 @@ def summary(events: Iterable[Event], spec: str | Link | None = None) -> CostSumm
     )
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-
 def human_seconds(s: float) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.1f} us"
@@ -215,8 +207,8 @@ def _table(c: CostSummary) -> str:
             r.mesh_dim,
             r.module,
             f"{r.groups}x{r.group_size}",
-            human_bytes(r.bytes_per_rank),
-            human_bytes(r.bus_bytes_per_rank),
+            describe.bytes_text(r.bytes_per_rank),
+            describe.bytes_text(r.bus_bytes_per_rank),
             human_seconds(r.seconds),
         )
         for r in c.rows
@@ -232,10 +224,11 @@ def _table(c: CostSummary) -> str:
     ]
     out += [line(head), *[line(r) for r in rows]]
     out.append(
-        f"total: {human_bytes(c.total_bus_bytes)} bus bytes per rank, {human_seconds(c.total_seconds)}"
+        f"total: {describe.bytes_text(c.total_bus_bytes)} bus bytes per rank, "
+        f"{human_seconds(c.total_seconds)}"
     )
     for title, groups in (("by mesh dim", c.by_mesh_dim), ("by module", c.by_module)):
         if len(groups) > 1 or (groups and next(iter(groups)) != "-"):
-            parts = [f"{k}: {human_bytes(b)}, {human_seconds(t)}" for k, (b, t) in groups.items()]
+            parts = [f"{k}: {describe.bytes_text(b)}, {human_seconds(t)}" for k, (b, t) in groups.items()]
             out.append(f"{title}: " + "; ".join(parts))
     return "\n".join(out)

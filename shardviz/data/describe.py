@@ -7,13 +7,46 @@ in, strings out: no torch, no views.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from .trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot
+    from .events import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot
 
 # --- shapes and sizes ----------------------------------------------------------------------------
+
+BYTE_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def byte_unit(n: float) -> tuple[int, str]:
+    """The unit ``bytes_text`` writes ``n`` bytes in: (its size in bytes, its name)."""
+    size, unit = 1, "B"
+    for k, name in enumerate(BYTE_UNITS, 1):
+        if abs(n) < 1024**k:
+            break
+        size, unit = 1024**k, name
+    return size, unit
+
+
+def bytes_text(n: float) -> str:
+    """Bytes in words, the one rule for every view and table: exact below 1 KiB (``"768 B"``),
+    else one decimal in the largest binary unit, a trailing ``.0`` dropped (``"1.5 KiB"``,
+    ``"2 GiB"``); rounded half up. ``bytesText`` in views/static/common.js is the same rule."""
+    if n < 0:
+        return "-" + bytes_text(-n)
+    size, unit = byte_unit(n)
+    if size == 1:
+        return f"{math.floor(n + 0.5)} B"
+    tenths = math.floor(n / size * 10 + 0.5) / 10
+    text = repr(tenths)
+    return f"{text.removesuffix('.0')} {unit}"
+
+
+def bytes_exact(n: int) -> str:
+    """Exact bytes, and in words past 1 KiB: ``"1536 B (1.5 KiB)"``."""
+    n = int(n)
+    return f"{n} B" if n < 1024 else f"{n} B ({bytes_text(n)})"
 
 
 def dims(shape: Sequence[int]) -> str:
@@ -118,6 +151,12 @@ def dtype(e: CollectiveEvent) -> str:
 
 def placements(pl: Sequence[str], sep: str = ", ") -> str:
     return "[" + sep.join(pl) + "]"
+
+
+def context_brackets(e: Event) -> str:
+    """`` [Block.ffn forward]``: a trace line's module and pass; ``""`` with neither."""
+    ctx = [p for p in (e.module, e.phase) if p]
+    return f" [{' '.join(ctx)}]" if ctx else ""
 
 
 def context(e: Event) -> str:

@@ -37,8 +37,9 @@ from typing import Any
 
 from ..errors import ShardvizError, TraceFileError
 from .describe import rank_list
+from .events import CollectiveEvent, Source, TensorSnapshot, dtype_size
 from .limits import MAX_DIMS, Bad, Limits, over, parse_json, read_file, read_head, resolve, short
-from .trace import CollectiveEvent, Source, TensorSnapshot, Trace, dtype_size
+from .trace import Trace
 
 _TRAILING_RANK = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .trace import CollectiveEvent, Event, TensorSnapshot
+from .events import CollectiveEvent, Event, TensorSnapshot
 
 Buffer = np.ndarray | list[np.ndarray]
 

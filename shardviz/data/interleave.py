@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..geometry import mesh as _mesh
+from .events import CollectiveEvent, ComputeEvent, Event
 from .merge import merge_event, mesh_candidates, signature
-from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, ComputeEvent, Event, Trace
+from .trace import DEFAULT_VALUE_BUDGET, Trace
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ShardvizError, TraceFileError
+from .describe import bytes_text
 
 
 class LimitError(TraceFileError):
@@ -97,18 +98,10 @@ def resolve(limits: Limits | None = None, **caps: int | str | None) -> Limits:
     return Limits(**out)
 
 
-def fmt_size(n: int) -> str:
-    for unit, k in (("TiB", 4), ("GiB", 3), ("MiB", 2), ("KiB", 1)):
-        if n >= 1024**k:
-            v = n / 1024**k
-            return f"{v:.0f} {unit}" if v == int(v) or v >= 100 else f"{v:.1f} {unit}"
-    return f"{n} B"
-
-
 def over(where: str, what: str, amount: int, cap: str, limits: Limits) -> LimitError:
     """The error for ``amount`` past cap ``cap``, saying how to raise it."""
     value = getattr(limits, cap)
-    shown = fmt_size if cap.endswith("bytes") else str
+    shown = bytes_text if cap.endswith("bytes") else str
     return LimitError(
         f"{where}: {what} is {shown(amount)}, over the cap of {shown(value)} for {WHAT[cap]}. If the "
         f"file is yours and you expect it, raise the cap: sv.load(path, {KEYWORDS[cap]}=...), the "

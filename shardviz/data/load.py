@@ -21,7 +21,8 @@ from ..errors import TraceFileError
 from . import flight
 from .limits import Limits, over, read_head, resolve, short
 from .merge import merge_partial
-from .trace import Trace, load
+from .trace import Trace
+from .trace_read import TensorFromValues, load_trace
 
 SUFFIX = ".svtrace"
 _RANK_FILE = re.compile(r"^rank(\d+)\.svtrace$")
@@ -103,7 +104,13 @@ def _job_meta(path: Path, t: Trace, rank: int, limits: Limits) -> tuple[int, int
     return r, world
 
 
-def load_job(folder: str | Path, progress: bool = True, *, limits: Limits | None = None) -> Trace:
+def load_job(
+    folder: str | Path,
+    progress: bool = True,
+    *,
+    limits: Limits | None = None,
+    tensor: TensorFromValues | None = None,
+) -> Trace:
     """Merge a job folder's per-rank traces into one trace.
 
     When the ranks did not all record the same whole run (a rank died, hung or diverged), the
@@ -121,7 +128,7 @@ def load_job(folder: str | Path, progress: bool = True, *, limits: Limits | None
     sizes: dict[int, set[Path]] = {}
     claimed: dict[int, list[Path]] = {}
     for i, (rank, f) in enumerate(files.items()):
-        t = load(f, limits=lim)
+        t = load_trace(f, limits=lim, tensor=tensor)
         r, world = _job_meta(f, t, rank, lim)
         claimed.setdefault(r, []).append(f)
         if r not in traces:
@@ -184,16 +191,18 @@ def load_path(
     *,
     source_root: str | Path | None = None,
     limits: Limits | None = None,
+    tensor: TensorFromValues | None = None,
 ) -> Trace:
     """What ``sv.load`` opens: a trace file, a job folder, a Flight Recorder dump or a folder of
-    them (see ``shardviz.flight``), with every size capped (``limits``, default
-    ``shardviz.limits.resolve()``). ``source_root`` is where Flight Recorder stacks' source lines
-    may be read from (nowhere without it)."""
+    them (see ``shardviz.data.flight``), with every size capped (``limits``, default
+    ``shardviz.data.limits.resolve()``). ``source_root`` is where Flight Recorder stacks' source
+    lines may be read from (nowhere without it); ``tensor`` makes a saved tensor result a tensor
+    (``trace_read.load_trace``)."""
     lim = limits if limits is not None else resolve()
     p = Path(path)
     if p.is_dir():
         if rank_files(p):
-            return load_job(p, progress=progress, limits=lim)
+            return load_job(p, progress=progress, limits=lim, tensor=tensor)
         if flight.dump_candidates(p):
             return flight.load(
                 p, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
@@ -207,9 +216,9 @@ def load_path(
         raise TraceFileError(f"{p} is not a regular file (a device or a pipe): not a trace or a dump")
     head = read_head(p, 4)
     if head[:2] == b"PK":
-        return load(p, limits=lim)
+        return load_trace(p, limits=lim, tensor=tensor)
     if flight.looks_like_dump(head):
         return flight.load(
             [p], allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
         )
-    return load(p, limits=lim)  # its own clear error
+    return load_trace(p, limits=lim, tensor=tensor)  # its own clear error

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .describe import rank_list
-from .model import fmt_bytes, short_bytes
+from .describe import bytes_exact, bytes_text, rank_list
 
 _BARS = " ▁▂▃▄▅▆▇█"
 
@@ -130,7 +129,9 @@ class MemoryTimeline:
 
     def __repr__(self) -> str:
         top = int(self.peak.max(initial=0))
-        return f"<MemoryTimeline {self.world_size} ranks, {len(self.events)} samples, peak {fmt_bytes(top)}>"
+        return (
+            f"<MemoryTimeline {self.world_size} ranks, {len(self.events)} samples, peak {bytes_exact(top)}>"
+        )
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
@@ -167,9 +168,9 @@ def text(m: MemoryTimeline) -> str:
         table.append(
             (
                 rank_list(ranks),
-                short_bytes(start),
-                short_bytes(peak),
-                short_bytes(end),
+                bytes_text(start),
+                bytes_text(peak),
+                bytes_text(end),
                 event_label(m, at),
                 m.sparkline(ranks[0], 40),
             )
@@ -182,6 +183,6 @@ def text(m: MemoryTimeline) -> str:
     top = int(m.peak.max(initial=0))
     busiest = [r for r in range(m.world_size) if int(m.peak[r]) == top]
     lines.append(
-        f"highest peak: {fmt_bytes(top)} on rank{'s' if len(busiest) > 1 else ''} {rank_list(busiest)}"
+        f"highest peak: {bytes_exact(top)} on rank{'s' if len(busiest) > 1 else ''} {rank_list(busiest)}"
     )
     return "\n".join(lines)

@@ -17,7 +17,8 @@ from typing import Any
 from ..errors import ShardvizError
 from ..geometry import mesh as _mesh
 from . import describe
-from .trace import DEFAULT_VALUE_BUDGET, CollectiveEvent, Event, OpEvent, RedistributeEvent, Trace
+from .events import CollectiveEvent, Event, OpEvent, RedistributeEvent
+from .trace import DEFAULT_VALUE_BUDGET, Trace
 
 
 class SequenceMismatchError(ShardvizError, RuntimeError):

@@ -1,6 +1,6 @@
 """The model map: every parameter, buffer, gradient and optimizer state of a module, as plain data.
 
-``model_map(module, optimizer=opt)`` walks the module tree once and turns each tensor into a
+``capture.model_map`` walks a module tree once and turns each tensor into a
 ``TensorRow``: global shape, dtype, mesh, placements, and the index of its ``Layout`` (pure
 geometry from ``layout.compute``, never a simulation). Bytes per rank are one int64 matrix (rows ×
 world ranks) built from one vector per distinct layout, so a 512-rank map of a large model costs
@@ -24,27 +24,10 @@ import numpy as np
 from ..geometry.layout import Layout
 from ..geometry.layout import compute as _compute_layout
 from . import describe
-from .describe import rank_list
-from .trace import DTYPE_SIZES
+from .describe import bytes_exact, bytes_text, rank_list
+from .events import DTYPE_SIZES
 
 KINDS = ("param", "buffer", "grad", "optimizer")
-
-# Bytes per element of the dtypes torch names; anything else is asked of torch once.
-_ITEMSIZE = dict(DTYPE_SIZES)
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype given by name ("float32", "bfloat16", ...)."""
-    try:
-        return _ITEMSIZE[dtype]
-    except KeyError:
-        import torch
-
-        size = getattr(torch, dtype, None)
-        if not isinstance(size, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}") from None
-        _ITEMSIZE[dtype] = size.itemsize
-        return size.itemsize
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,17 +237,12 @@ class ModelMap:
 # ---- building -----------------------------------------------------------------------------------
 
 
-def _world_size() -> int:
-    from ..backends import session
-
-    b = session.peek()
-    if b is not None:
-        return int(b.world_size)
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
-    return 1
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype given by name ("float32", "bfloat16", ...)."""
+    try:
+        return DTYPE_SIZES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
 def _bytes_vector(layout: Layout, size: int, world: int) -> np.ndarray:
@@ -289,7 +267,10 @@ def _matrix(rows: Sequence[TensorRow], layouts: Sequence[Layout], world: int) ->
     return np.stack(vecs)
 
 
-class _Builder:
+class Builder:
+    """A ModelMap row by row: tensors with a Layout, and plain tensors, replicated over the world
+    once it is known (``finish``). ``capture.model_map`` feeds it a live module's tensors."""
+
     def __init__(self, world: int | None) -> None:
         self.world = world
         self.rows: list[TensorRow] = []
@@ -305,12 +286,23 @@ class _Builder:
             self.layouts.append(layout)
         return i
 
-    def add_layout(
-        self, name: str, kind: str, module: str, param: str, layout: Layout, distributed: bool
-    ) -> None:
+    def _name(self, name: str) -> None:
         if name in self.names:
             raise ValueError(f"model_map: two tensors named {name!r}")
         self.names.add(name)
+
+    def add_layout(
+        self,
+        name: str,
+        kind: str,
+        module: str,
+        param: str,
+        layout: Layout,
+        distributed: bool,
+        size: int | None = None,
+    ) -> None:
+        """A tensor laid out by ``layout`` (``size``: bytes per element, else from its dtype)."""
+        self._name(name)
         self.rows.append(
             TensorRow(
                 name=name,
@@ -319,31 +311,26 @@ class _Builder:
                 param=param,
                 global_shape=tuple(layout.global_shape),
                 dtype=layout.dtype,
-                itemsize=itemsize(layout.dtype),
+                itemsize=itemsize(layout.dtype) if size is None else size,
                 distributed=distributed,
                 layout=self._index(layout),
             )
         )
 
-    def add_tensor(self, name: str, kind: str, module: str, param: str, t: Any) -> None:
-        from ..capture import torch as _torch
-
-        if _torch.is_dtensor(t):
-            self.add_layout(name, kind, module, param, _compute_layout(**_torch.dtensor_geometry(t)), True)
-            return
-        shape = tuple(int(s) for s in t.shape)
-        dtype = _torch.dtype_name(t.dtype)
-        # Placeholder layout until the world size is known (it may come from later DTensors).
-        if name in self.names:
-            raise ValueError(f"model_map: two tensors named {name!r}")
-        self.names.add(name)
+    def add_plain(
+        self, name: str, kind: str, module: str, param: str, shape: tuple[int, ...], dtype: str, size: int
+    ) -> None:
+        """A plain tensor: whole on every rank of the world (which later DTensors may still widen)."""
+        self._name(name)
         self.pending_plain.append(len(self.rows))
-        self.rows.append(TensorRow(name, kind, module, param, shape, dtype, itemsize(dtype), False, -1))
+        self.rows.append(TensorRow(name, kind, module, param, shape, dtype, size, False, -1))
 
-    def finish(self, name: str, modules: tuple[tuple[str, str], ...]) -> ModelMap:
+    def finish(self, name: str, modules: tuple[tuple[str, str], ...], default_world: int = 1) -> ModelMap:
+        """The map; without a world size given, ``default_world`` or one past the largest rank a
+        layout names, whichever is larger."""
         world = self.world
         if world is None:
-            world = _world_size()
+            world = default_world
             for lay in self.layouts:
                 world = max(world, max((s.rank for s in lay.shards), default=-1) + 1)
         for i in self.pending_plain:
@@ -365,84 +352,25 @@ class _Builder:
         return ModelMap(name, world, modules, rows, layouts, _matrix(rows, layouts, world))
 
 
-def model_map(
-    model: Any,
-    optimizer: Any = None,
+def from_layouts(
+    layouts: Mapping[Any, Any],
     *,
     world_size: int | None = None,
-    grads: bool = True,
-    buffers: bool = True,
     name: str | None = None,
+    default_world: int = 1,
 ) -> ModelMap:
-    """The model map of an ``nn.Module`` (DTensor or plain parameters, any device, meta too), or of
-    a mapping ``{name: Layout}`` (pure geometry, e.g. from ``sv.layout(shape, mesh, placements)``).
-
-    ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
-    counted as rows of kind ``"optimizer"``. ``grads``: count each parameter's ``.grad`` when it
-    has one. ``world_size``: the world plain tensors are replicated over (default: the current
-    backend's, or the largest rank any DTensor names, plus one).
-    """
-    b = _Builder(world_size)
-    if isinstance(model, Mapping):
-        for key, lay in model.items():
-            if not isinstance(lay, Layout):
-                raise TypeError(
-                    f"model_map of a mapping takes {{name: Layout}} (from sv.layout); {key!r} is a "
-                    f"{type(lay).__name__}"
-                )
-            module = str(key).rpartition(".")[0]
-            b.add_layout(str(key), "param", module, str(key), lay, True)
-        return b.finish(name or "layouts", _modules_from_names(b.rows))
-
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(
-            "sv.model_map takes an nn.Module (or {name: Layout} for pure geometry); got "
-            f"{type(model).__name__}"
-        )
-    state = _optimizer_state(optimizer)
-    modules: list[tuple[str, str]] = []
-    seen: set[int] = set()
-    for mname, mod in model.named_modules():
-        modules.append((mname, type(mod).__name__))
-        prefix = f"{mname}." if mname else ""
-        for pname, p in mod.named_parameters(recurse=False):
-            if id(p) in seen:  # tied weights: counted once, where first met
-                continue
-            seen.add(id(p))
-            full = prefix + pname
-            b.add_tensor(full, "param", mname, full, p)
-            g = p.grad if grads else None
-            if g is not None:
-                b.add_tensor(f"{full}.grad", "grad", mname, full, g)
-            for key, v in state.get(id(p), ()):
-                b.add_tensor(f"{full}:{key}", "optimizer", mname, full, v)
-        if buffers:
-            for bname, buf in mod.named_buffers(recurse=False):
-                if buf is None or id(buf) in seen:
-                    continue
-                seen.add(id(buf))
-                b.add_tensor(prefix + bname, "buffer", mname, prefix + bname, buf)
-    return b.finish(name or type(model).__name__, tuple(modules))
-
-
-def _optimizer_state(optimizer: Any) -> dict[int, list[tuple[str, Any]]]:
-    if optimizer is None:
-        return {}
-    import torch
-
-    state = getattr(optimizer, "state", None)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
-    out: dict[int, list[tuple[str, Any]]] = {}
-    for p, st in state.items():
-        if not isinstance(st, Mapping):
-            continue
-        items = [(str(k), v) for k, v in st.items() if isinstance(v, torch.Tensor)]
-        if items:
-            out[id(p)] = items
-    return out
+    """The model map of ``{name: Layout}``: pure geometry (e.g. from ``sv.layout(shape, mesh,
+    placements)``), each a parameter of the module its dotted name names."""
+    b = Builder(world_size)
+    for key, lay in layouts.items():
+        if not isinstance(lay, Layout):
+            raise TypeError(
+                f"model_map of a mapping takes {{name: Layout}} (from sv.layout); {key!r} is a "
+                f"{type(lay).__name__}"
+            )
+        module = str(key).rpartition(".")[0]
+        b.add_layout(str(key), "param", module, str(key), lay, True)
+    return b.finish(name or "layouts", _modules_from_names(b.rows), default_world)
 
 
 def _modules_from_names(rows: Iterable[TensorRow]) -> tuple[tuple[str, str], ...]:
@@ -455,25 +383,6 @@ def _modules_from_names(rows: Iterable[TensorRow]) -> tuple[tuple[str, str], ...
 
 
 # ---- text ---------------------------------------------------------------------------------------
-
-
-def fmt_bytes(n: int) -> str:
-    """Exact bytes, with a binary unit beside them past 1 KiB: ``"1536 B (1.5 KiB)"``."""
-    n = int(n)
-    return f"{n} B" if n < 1024 else f"{n} B ({short_bytes(n)})"
-
-
-def short_bytes(n: int) -> str:
-    """Bytes in a binary unit only (for narrow columns): ``"1.5 KiB"``; below 1 KiB exact."""
-    n = int(n)
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError
 
 
 def mesh_label(layout: Layout, distributed: bool) -> str:
@@ -565,25 +474,25 @@ def text(m: ModelMap) -> str:
     if len(tot):
         gs = groups(tot.tolist(), list(range(len(tot))))
         if len(gs) == 1:
-            lines.append(f"total per rank: {fmt_bytes(gs[0][0])} on every rank")
+            lines.append(f"total per rank: {bytes_exact(gs[0][0])} on every rank")
         else:
             lo, hi = int(tot.min()), int(tot.max())
             spread = " · ".join(f"{v} r{rank_list(rs)}" for v, rs in gs[:4])
             more = f" · … {len(gs) - 4} more" if len(gs) > 4 else ""
-            lines.append(f"total per rank: {spread}{more} (min {short_bytes(lo)}, max {short_bytes(hi)})")
+            lines.append(f"total per rank: {spread}{more} (min {bytes_text(lo)}, max {bytes_text(hi)})")
         kinds = m.totals_by_kind()
         if len(kinds) > 1:
             lines.append(
                 "by kind (max over ranks): "
-                + ", ".join(f"{k} {short_bytes(int(v.max()))}" for k, v in kinds.items())
+                + ", ".join(f"{k} {bytes_text(int(v.max()))}" for k, v in kinds.items())
             )
-    lines.append(f"unsharded: {fmt_bytes(m.global_bytes)}")
+    lines.append(f"unsharded: {bytes_exact(m.global_bytes)}")
     for d in m.by_mesh_dim():
-        parts = [f"sharded {short_bytes(d.sharded)}"]
+        parts = [f"sharded {bytes_text(d.sharded)}"]
         if d.replicated:
-            parts.append(f"replicated {short_bytes(d.replicated)}")
+            parts.append(f"replicated {bytes_text(d.replicated)}")
         if d.partial:
-            parts.append(f"partial {short_bytes(d.partial)}")
+            parts.append(f"partial {bytes_text(d.partial)}")
         label = d.name if d.name.startswith("mesh dim") else f"mesh dim {d.name}"
         lines.append(f"{label} ({d.size}): " + ", ".join(parts))
     return "\n".join(lines)

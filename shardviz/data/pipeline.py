@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .trace import CollectiveEvent, Event, Trace
+from .events import CollectiveEvent, Event
+from .trace import Trace
 
 _CODES = {"forward": "F", "backward": "B", "backward_weight": "W"}
 

@@ -23,7 +23,8 @@ from ..geometry.layout import Layout
 from ..geometry.layout import compute as compute_layout
 from ..geometry.placement import Placement, normalize
 from ..geometry.placement import parse as parse_placement
-from .trace import CollectiveEvent, Event, RedistributeEvent, TensorSnapshot, Trace, dtype_size
+from .events import CollectiveEvent, Event, RedistributeEvent, TensorSnapshot, dtype_size
+from .trace import Trace
 
 _IMPL = {
     "all_gather": "_c10d_functional.all_gather_into_tensor",

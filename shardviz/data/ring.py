@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .events import CollectiveEvent, TensorSnapshot
 from .flow import FlowCheck, compare, reduce
-from .trace import CollectiveEvent, TensorSnapshot
 
 RING_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 

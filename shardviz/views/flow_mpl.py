@@ -19,7 +19,8 @@ import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.path import Path
 
-from ..data.trace import CollectiveEvent, Event, LocalEvent, TensorSnapshot
+from ..data import describe
+from ..data.events import CollectiveEvent, Event, LocalEvent, TensorSnapshot
 from . import geometry as g
 from .steps import FLOW_WIDTH, Runs, grid_shape, p2p_pairs
 
@@ -318,9 +319,7 @@ def _group(c: _Canvas, d: Mapping[str, Any], gi: int, event: Event, top: float) 
 
 
 def _human(n: float) -> str:
-    from ..data.cost import human_bytes
-
-    return human_bytes(n)
+    return describe.bytes_text(n)
 
 
 def _tint(origin: int | None, reduced: bool) -> str:

@@ -586,7 +586,8 @@ def plot_message(head: str, body: str = "") -> Figure:
 def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Figure:
     """One event before → after: each rank's buffers with arrows for what moves (a collective or
     local compute), or the layouts before and after with the plan (a redistribute)."""
-    from ..data.trace import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent, Trace
+    from ..data.events import CollectiveEvent, LocalEvent, OpEvent, RedistributeEvent
+    from ..data.trace import Trace
     from .steps import Model, event_trace
 
     if trace is None or all(e is not event for e in trace.events):
@@ -686,7 +687,7 @@ def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Fig
     """Where the communication time goes: each collective as a bar of its alpha-beta time on
     ``link``, one after another, one lane per mesh dim (cost.py's model)."""
     from ..data import cost as _cost
-    from ..data.trace import CollectiveEvent
+    from ..data.events import CollectiveEvent
 
     lk = _cost.link(link)
     cols = [e for e in trace.events if isinstance(e, CollectiveEvent)]
@@ -719,7 +720,7 @@ def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Fig
     ax.set_xlabel(f"estimated time on {lk.name} (us, collectives one after another)", fontsize=8)
     total = sum(r.bus_bytes_per_rank for r in rows)
     head = title or (
-        f"{len(rows)} collectives: {_cost.human_bytes(total)} bus bytes per rank, "
+        f"{len(rows)} collectives: {describe.bytes_text(total)} bus bytes per rank, "
         f"{_cost.human_seconds(t)} on {lk.name}"
     )
     fig.text(0.01, 0.96, head, fontsize=11, weight="bold", va="top")
@@ -781,12 +782,9 @@ def plot_model_map(m: Any, *, stack: str = "kind", title: str | None = None) -> 
     ax = fig.add_axes((0.08, 0.14, 0.68, 0.72), gid="bytes")
     world = m.world_size
     parts = _model_stacks(m, stack)
-    scale, unit = 1.0, "B"
     top = int(m.totals().max()) if world and len(m.rows) else 0
-    for s, u in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if top >= s:
-            scale, unit = float(s), u
-            break
+    size, unit = describe.byte_unit(top)
+    scale = float(size)
     x = np.arange(world)
     bottom = np.zeros(world)
     width = 0.8 if world <= 64 else 1.0
@@ -803,16 +801,14 @@ def plot_model_map(m: Any, *, stack: str = "kind", title: str | None = None) -> 
         ax.set_xticks(x)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title=f"by {stack}")
-    from ..data.model import short_bytes
-
     lo = int(m.totals().min()) if world and len(m.rows) else 0
     fig.text(0.01, 0.97, title or f"model map: {m.name}", fontsize=11, weight="bold", va="top")
     fig.text(
         0.01,
         0.91,
-        f"{len(m.rows)} tensors on {world} ranks · per rank {short_bytes(lo)}"
-        + (f" – {short_bytes(top)}" if top != lo else "")
-        + f" · unsharded {short_bytes(m.global_bytes)}",
+        f"{len(m.rows)} tensors on {world} ranks · per rank {describe.bytes_text(lo)}"
+        + (f" – {describe.bytes_text(top)}" if top != lo else "")
+        + f" · unsharded {describe.bytes_text(m.global_bytes)}",
         fontsize=9,
         va="top",
         color="#444",

@@ -29,8 +29,9 @@ from ..data import cost as _cost
 from ..data import describe
 from ..data import flow as _flow
 from ..data import ring as _ring
+from ..data.events import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot
 from ..data.plan import PlanStep, plan_steps
-from ..data.trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot, Trace
+from ..data.trace import Trace
 from ..geometry.placement import parse as _parse_placement
 from . import geometry as g
 

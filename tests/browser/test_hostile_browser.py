@@ -24,8 +24,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz.data.memory import MemoryTimeline
-from shardviz.data.trace import (
+from shardviz.data.events import (
     CollectiveEvent,
     ComputeEvent,
     LocalEvent,
@@ -33,8 +32,9 @@ from shardviz.data.trace import (
     RedistributeEvent,
     Source,
     TensorSnapshot,
-    Trace,
 )
+from shardviz.data.memory import MemoryTimeline
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.browser
 

@@ -20,7 +20,8 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz.data import cost
-from shardviz.data.trace import TensorSnapshot, Trace
+from shardviz.data.events import TensorSnapshot
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.browser
 

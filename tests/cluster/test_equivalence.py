@@ -14,7 +14,7 @@ import torch
 import shardviz as sv
 from shardviz.backends.cluster import PerRank
 from shardviz.capture import torch as _torch
-from shardviz.data.trace import CollectiveEvent
+from shardviz.data.events import CollectiveEvent
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

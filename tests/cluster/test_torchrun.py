@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import shardviz as sv
+from shardviz.data.events import CollectiveEvent
 from shardviz.data.load import PartialTraceWarning
-from shardviz.data.trace import CollectiveEvent
 from shardviz.errors import TraceFileError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]

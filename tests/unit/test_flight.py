@@ -12,9 +12,10 @@ import pytest
 
 import shardviz as sv
 from shardviz.data import flight
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
 from shardviz.data.load import PartialTraceWarning, rank_path
 from shardviz.data.merge import SequenceMismatchError, merge
-from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
+from shardviz.data.trace import Trace
 from shardviz.errors import TraceFileError
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 
 import shardviz as sv
 from shardviz.data import flow
-from shardviz.data.trace import TensorSnapshot
+from shardviz.data.events import TensorSnapshot
 
 
 def rank_values(shape, dtype=torch.float32):

@@ -31,8 +31,9 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz.__main__ import main as cli
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
 from shardviz.data.load import PartialTraceWarning, rank_path
-from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.timeout(240)
 

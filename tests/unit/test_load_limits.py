@@ -19,9 +19,10 @@ import pytest
 
 import shardviz as sv
 from shardviz.__main__ import main as cli
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
 from shardviz.data.limits import LimitError
 from shardviz.data.load import PartialTraceWarning, rank_path
-from shardviz.data.trace import CollectiveEvent, Source, TensorSnapshot, Trace
+from shardviz.data.trace import Trace
 from shardviz.errors import ShardvizError, TraceFileError
 from shardviz.geometry.layout import compute
 

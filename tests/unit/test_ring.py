@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import shardviz as sv
 from shardviz.data import ring
-from shardviz.data.trace import TensorSnapshot
+from shardviz.data.events import TensorSnapshot
 
 
 def values(shape, dtype):

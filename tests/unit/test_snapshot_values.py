@@ -20,7 +20,8 @@ import shardviz as sv
 from shardviz.backends import choose
 from shardviz.capture import torch as _torch
 from shardviz.capture.recorder import to_numpy
-from shardviz.data.trace import NUMPY_WIDENED, Trace
+from shardviz.data.events import NUMPY_WIDENED
+from shardviz.data.trace import Trace
 from shardviz.errors import SimulationWarning
 
 WORLD = 4

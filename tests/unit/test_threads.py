@@ -26,7 +26,7 @@ import shardviz as sv
 from shardviz.backends import choose
 from shardviz.capture import torch as _torch
 from shardviz.capture.threadpg import CollectiveMismatchError
-from shardviz.data.trace import CollectiveEvent, OpEvent, RedistributeEvent
+from shardviz.data.events import CollectiveEvent, OpEvent, RedistributeEvent
 from shardviz.errors import BackendError, DeadlockError
 
 N = 4

@@ -29,7 +29,8 @@ from widget_comm import attach, invoke
 
 import shardviz as sv
 from shardviz.data import cost
-from shardviz.data.trace import TensorSnapshot, Trace
+from shardviz.data.events import TensorSnapshot
+from shardviz.data.trace import Trace
 from shardviz.views import geometry as g
 from shardviz.views import html as svhtml
 from shardviz.views.player import PlayerWidget

@@ -369,8 +369,9 @@ def test_a_layout_picture_prints_the_values_where_they_fit():
 def test_merged_ranks_keep_a_raw_call_off_the_worlds_mesh_dim():
     """On real ranks each rank records its own event and the merge finds the mesh dim from the
     merged groups: a raw call on the default group must not gain the world mesh's dim there."""
+    from shardviz.data.events import CollectiveEvent, TensorSnapshot
     from shardviz.data.merge import merge
-    from shardviz.data.trace import CollectiveEvent, TensorSnapshot, Trace
+    from shardviz.data.trace import Trace
 
     world = {"mesh_shape": [4], "mesh_dim_names": ["tp"], "ranks": [0, 1, 2, 3]}
 

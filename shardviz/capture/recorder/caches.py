@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ...data.trace import Source
+from ...data.events import Source
 from .. import torch as _torch
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ import tokenize
 from types import FrameType
 from typing import Any
 
-from ...data.trace import Source
+from ...data.events import Source
 from .. import torch as _torch
 from . import caches
 

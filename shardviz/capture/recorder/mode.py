@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ...data.trace import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, Source, Trace
+from ...data.events import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, Source
+from ...data.trace import Trace
 from ...errors import P2P_HELP, P2PError, PerRankValueError, ShardvizError
 from ...geometry import mesh as _mesh
 from .. import torch as _torch

@@ -12,16 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ...data.trace import RedistributeEvent, Source
+from ...data.events import RedistributeEvent, Source
 from ...geometry.layout import Layout
 from ...geometry.layout import compute as compute_layout
 from .. import torch as _torch
 from . import caches
-
-if TYPE_CHECKING:
-    from .mode import Recorder
 
 Layouts = tuple[Layout | None, Layout | None, tuple[str, ...], tuple[str, ...]]
 
@@ -60,12 +57,23 @@ class OpenRedistribute:
         )
 
 
+class Redistributes(Protocol):
+    """What a scope asks of the recorder that made it (``mode.Recorder``): open the event when the
+    redistribute starts, close it when it ends."""
+
+    def open_redistribute(
+        self, caller: FrameType, src: Any, dst: Any, plan: str, explicit: bool, implicit_outer: bool
+    ) -> OpenRedistribute | None: ...
+
+    def close_redistribute(self, opened: OpenRedistribute) -> None: ...
+
+
 class RedistributeScope:
     """The context DTensor enters around a redistribute."""
 
     def __init__(
         self,
-        rec: Recorder,
+        rec: Redistributes,
         caller: FrameType,
         arg: Any,
         src: Any,

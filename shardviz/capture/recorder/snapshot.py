@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...data.trace import NUMPY_WIDENED, TensorSnapshot
+from ...data.events import NUMPY_WIDENED, TensorSnapshot
 from ...errors import SimulationWarning
 from .. import torch as _torch
 from . import caches
@@ -80,6 +80,15 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         if t.device.type != "cpu" or widened is not None:
             return t.to("cpu", widened or t.dtype).contiguous().numpy()  # already a new tensor
         return t.clone(memory_format=torch.contiguous_format).numpy()
+
+
+def from_values(values: np.ndarray, dtype: str) -> torch.Tensor:
+    """A tensor of torch dtype ``dtype`` (by name) from its saved values: a loaded trace's result.
+    A name torch has no dtype for is a ValueError."""
+    torch_dtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"{dtype!r} names no torch dtype")
+    return torch.from_numpy(values).to(torch_dtype)
 
 
 def _numpy_native(t: torch.Tensor) -> bool:
