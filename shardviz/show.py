@@ -263,7 +263,8 @@ def _plain(
         return _from_dtensor(obj)
     adapter = adapters.for_object(obj)
     if adapter is not None:  # a framework's tensor with its own spec (PhysicsNeMo's ShardTensor)
-        return _from_sharded(adapter.layout(obj), adapter.local(obj), type(obj).__name__)
+        layout, values, extra = _from_sharded(adapter.layout(obj), adapter.local(obj), type(obj).__name__)
+        return layout, values, {"title": adapters.view_title(obj, layout), **extra}
     if _torch.is_local_tensor(obj):
         return _from_local_tensor(obj)
     if isinstance(obj, torch.Tensor):

@@ -87,6 +87,13 @@ def local_of(obj: object) -> Any:
     return None if adapter is None else adapter.local(obj)
 
 
+def view_title(obj: object, layout: Any) -> str:
+    """A view's default title for a framework's sharded tensor: its own type, not "DTensor"."""
+    from ..describe import extent
+
+    return f"{type(obj).__name__} {extent(layout.global_shape)} {layout.dtype}"
+
+
 def active() -> list[Any]:
     """The adapters whose framework has been imported."""
     return list(_active.values())

@@ -558,6 +558,7 @@ def show_payload(obj: Any, rank: int, **options: Any) -> Any:
     elif adapter is not None:  # PhysicsNeMo's ShardTensor: its spec's own shard sizes
         layout = adapter.layout(obj)
         values = to_numpy(adapter.local(obj))
+        options = {"title": adapters.view_title(obj, layout), **options}
     elif isinstance(obj, Layout):
         layout, values = obj, None
     else:

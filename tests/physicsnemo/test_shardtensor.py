@@ -161,6 +161,7 @@ def test_every_view_draws_each_ranks_true_shard(lockstep, tmp_path):
     assert [sh.offset for sh in lay] == [(0,), (3,), (6,), (8,)]
     widget = sv.show(s.x)
     assert {sh.rank: sh.shape for sh in widget.tensor_layout} == have
+    assert widget.title == "ShardTensor 10 float32"  # not DTensor's title
     np.testing.assert_allclose(widget.global_values(), s.a.numpy())  # the shards tile the vector
     fig = sv.plot(s.x)
     areas = {
