@@ -227,6 +227,16 @@ def test_a_histogram_handler_equals_the_global_histogram(lockstep, handlers):
     for r in range(4):
         local, _ = torch.histogram(piece(s.a, r), 4, range=(-3.0, 3.0), weight=piece(s.b, r))
         np.testing.assert_allclose(reduce.inputs[r].values, local.numpy(), rtol=1e-6)
+    kinds = [(e.kind, getattr(e, "name", getattr(e, "op", ""))) for e in trace.events]
+    assert kinds == [
+        ("op", "ShardTensor.to_local"),
+        ("op", "ShardTensor.to_local"),
+        ("local", "aten.histogram.bin_ct"),
+        ("collective", "all_reduce"),
+        ("op", "ShardTensor.from_local"),
+        ("op", "ShardTensor.from_local"),
+    ]
+    assert {e.source.file for e in trace.events} == {HERE}
 
 
 def test_rank_dependent_physicsnemo_code_in_lockstep_points_at_threads(lockstep):

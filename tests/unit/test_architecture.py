@@ -406,3 +406,15 @@ def test_forbidden_imports_are_found_at_any_depth():
     source = "def f():\n    import torch\n\nif TYPE_CHECKING:\n    from ..recorder import Recorder\n"
     found = forbidden_imports(source, "shardviz/views/example.py", NOT_FOR_PLAIN_DATA)
     assert [(line, module) for line, _, module in found] == [(2, "torch"), (5, "shardviz.recorder")]
+
+
+def test_an_adapter_may_read_its_frameworks_attributes_and_nothing_more():
+    adapter = "shardviz/adapters/physicsnemo.py"
+    allowed = FRAMEWORK_ADAPTERS[adapter]
+    assert private_torch_uses("def f(st):\n    return st._spec, st._local_tensor", adapter, allowed) == []
+    # torch's own privates stay the gate's, in the adapter too
+    found = private_torch_uses("def f(dt):\n    return dt._local_tensor, dt._schema", adapter, allowed)
+    assert found == [f"{adapter}:2: `dt._schema` reads the private torch attribute `_schema`"]
+    assert private_torch_uses("def f(st):\n    return st._spec", "shardviz/show.py") != []
+    imports = forbidden_imports("import physicsnemo.distributed\n", "shardviz/show.py", FRAMEWORKS)
+    assert [module for _, _, module in imports] == ["physicsnemo.distributed"]
