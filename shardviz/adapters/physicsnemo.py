@@ -308,9 +308,23 @@ class _ManagerState:
         if adopt:
             world = dist.group.WORLD if dist.is_initialized() else None
             mark = state.get("_shardviz")
-            if mark is None or mark[0] is not world or mark[1:] != (rec.world_size, rec.rank):
+            if mark is None:
+                if not _own_setup_of(state, rec):
+                    _adopt(state, rec, world)
+            elif mark[0] is not world or mark[1:] != (rec.world_size, rec.rank):
                 _adopt(state, rec, world)
         return state
+
+
+def _own_setup_of(state: dict[str, Any], rec: adapters.Recording) -> bool:
+    """Whether PhysicsNeMo set up this very world itself (a torchrun job recorded with
+    ``sv.record_job``): then its state, meshes and clean-up are its own and are left alone."""
+    return (
+        rec.rank is not None
+        and bool(state.get("_distributed"))
+        and state.get("_world_size") == rec.world_size
+        and state.get("_rank") == rec.rank
+    )
 
 
 def _adopt(state: dict[str, Any], rec: adapters.Recording, world: Any) -> None:
@@ -405,6 +419,13 @@ def ways_out(op: str) -> str:
     )
 
 
+# Frames between a trap and the code that fell into it: torch's and shardviz's own.
+_NOT_CULPRITS = (
+    os.path.join(os.path.dirname(torch.__file__), ""),
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ""),
+)
+
+
 def _package_dir() -> str | None:
     path = getattr(sys.modules.get("physicsnemo"), "__file__", None)
     return os.path.join(os.path.dirname(path), "") if path else None
@@ -416,10 +437,13 @@ def explain_error(error: BaseException, where: list[tuple[str, str]], lockstep: 
     from ..errors import PerRankValueError
 
     package = _package_dir()
-    inside = [(f, fn) for f, fn in where if package and f.startswith(package) and not fn.startswith("<")]
-    if not inside:
+    # The innermost frame past torch and shardviz must be PhysicsNeMo's: a user's handler called
+    # from inside PhysicsNeMo is the user's code, not a PhysicsNeMo trap.
+    culprits = [f for f, _ in where if not f.startswith(_NOT_CULPRITS)]
+    if not package or not culprits or not culprits[-1].startswith(package):
         return None
-    file, func = inside[-1]
+    named = [(f, fn) for f, fn in where if f.startswith(package) and not fn.startswith("<")]
+    file, func = named[-1] if named else (culprits[-1], "code")
     site = f"{func} in physicsnemo/{os.path.relpath(file, package)}"
     msg = str(error.args[0]) if error.args else ""
     if func in ("_gather_shard_shapes_for_dim", "_all_gather_shard_shapes") or "pin_memory" in msg:

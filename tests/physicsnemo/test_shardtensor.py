@@ -258,6 +258,20 @@ def test_rank_dependent_physicsnemo_code_in_lockstep_points_at_threads(lockstep)
         )
 
 
+def test_a_users_handler_branching_on_the_rank_is_not_blamed_on_physicsnemo(lockstep, handlers):
+    s = lockstep
+
+    def rank_zero_only(func, types, args, kwargs):
+        if dist.get_rank() == 0:  # the user's own rank-dependent line, called from ShardTensor
+            return args[0]
+        return args[1]
+
+    handlers.register_function_handler(torch.dot, rank_zero_only)
+    with pytest.raises(PerRankValueError) as info, sv.record():
+        torch.dot(s.x, s.y)
+    assert "PhysicsNeMo's" not in str(info.value) and "the simulated ranks disagree" in str(info.value)
+
+
 def test_inferring_shard_sizes_on_cpu_says_to_give_them(lockstep):
     s = lockstep
     with (
