@@ -110,6 +110,10 @@ def test_the_manager_adopts_the_simulated_world_and_follows_it():
         assert dm.distributed and dm.world_size == 4 and dm.device == torch.device("cpu")
         mesh = dm.initialize_mesh(mesh_shape=[-1], mesh_dim_names=["domain"])
     assert mesh.size() == 4 and mesh.mesh_dim_names == ("domain",)
+    with sv.record():
+        DistributedManager.cleanup()  # PhysicsNeMo's clean-up leaves shardviz's process group alone
+        assert dist.is_initialized() and dist.get_backend() == "fake"
+        assert DistributedManager.is_initialized() and DistributedManager().world_size == 4
     sv.use("local", world_size=2)
     with sv.record():
         DistributedManager.initialize()
@@ -340,6 +344,26 @@ def test_the_seed_runs_as_written_on_one_thread_per_rank(handlers):
         "a_sharded = scatter_tensor(tensor=a, global_src=0, mesh=mesh, placements=placements)",
         "b_sharded = scatter_tensor(tensor=b, global_src=0, mesh=mesh, placements=placements)",
     }
+
+
+@pytest.mark.timeout(180)
+def test_on_threads_the_sharding_error_is_explained_too():
+    sv.use("threads", world_size=4)
+    a = torch.arange(10.0)
+
+    def fn():
+        mesh = DistributedManager().initialize_mesh(mesh_shape=[-1], mesh_dim_names=["domain"])
+        x = ShardTensor.from_local(piece(a, dist.get_rank()), mesh, (Shard(0),), sharding_shapes=SHAPES)
+        return torch.histogram(x, 4, range=(0.0, 10.0), weight=x)
+
+    try:
+        with pytest.raises(NotImplementedError) as info:
+            sv.run(fn)
+    finally:
+        sv.use("local", world_size=4)
+    msg = str(info.value)
+    assert "   2  (2,)   (6,)    (2,)   [6:8]" in msg  # rank 2's true shard
+    assert "ShardTensor.register_function_handler(torch.histogram, handler)" in msg
 
 
 @pytest.mark.timeout(180)
