@@ -236,12 +236,15 @@ def _from_local(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _explicit(caller: FrameType) -> bool:
-    """The user asked for this redistribute: called from user code, or from ``full_tensor``
-    called from user code."""
-    if not frames.is_library(caller):
-        return True
-    back = caller.f_back
-    return caller.f_code.co_name == "full_tensor" and back is not None and not frames.is_library(back)
+    """Whether the user asked for this redistribute (``redistribute``, ``full_tensor``,
+    ``scatter_tensor``), rather than an operator's handler on the way from the user's line (an
+    implicit one, as DTensor's for an operator's operands)."""
+    frame: FrameType | None = caller
+    while frame is not None and frames.is_library(frame):
+        if frame.f_code.co_name in ("__torch_function__", "__torch_dispatch__"):
+            return False
+        frame = frame.f_back
+    return True
 
 
 def _plan(src: tuple[str, ...], dst: tuple[str, ...]) -> str:

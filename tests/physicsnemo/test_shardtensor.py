@@ -332,7 +332,7 @@ def test_the_seed_runs_as_written_on_one_thread_per_rank(handlers):
         torch.testing.assert_close(c, want)
         assert local_shape == (chunks[r][1] - chunks[r][0],)
     scatters = trace.redistributes()
-    assert [(e.src, e.dst, e.explicit) for e in scatters] == [(("R",), ("S(0)",), False)] * 2
+    assert [(e.src, e.dst, e.explicit) for e in scatters] == [(("R",), ("S(0)",), True)] * 2
     for e in scatters:  # drawn after the scatter: exactly what each rank holds
         assert [sh.shape for sh in e.after] == [trace.results[r][3] for r in range(4)]
         assert [sh.shape for sh in e.before] == [(n,)] * 4
