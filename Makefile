@@ -15,6 +15,13 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
 # torchtitan for tests/titan (its own code on simulated ranks): installed without its declared
 # dependencies, which would pull in another torch; the `titan` extra has what its imports need.
 TORCHTITAN ?= torchtitan==0.3.0
+# NVIDIA PhysicsNeMo for tests/physicsnemo and notebook 10: its wheel and the s3fs chain its imports
+# load, without declared dependencies (PhysicsNeMo's pull a CUDA torchvision that cannot be
+# imported with the CPU torch; aiobotocore's botocore would take python-dateutil back a major
+# version). The `physicsnemo` extra has the rest of what its imports need.
+PHYSICSNEMO ?= nvidia-physicsnemo==2.2.2 s3fs==2026.9.0 aiobotocore==3.10.0 botocore==1.43.117 \
+	jmespath==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
+	multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 wrapt==2.5.2 aioitertools==0.13.0
 PYTEST_ARGS ?=
 NODE_STAMP := node_modules/.installed
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -32,6 +39,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
 	$(BIN)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	$(BIN)/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
 	@touch $@
 
 demo: setup
@@ -47,10 +55,11 @@ test: lint
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
-# The unit tests, torchtitan's and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
+# The unit tests, torchtitan's, PhysicsNeMo's and the notebooks again, on the newest torch
+# (TORCH_NEWEST) in $(COMPAT_VENV).
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
-	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan notebooks $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan tests/physicsnemo notebooks $(PYTEST_ARGS)
 
 $(COMPAT_STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(COMPAT_VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
@@ -58,6 +67,7 @@ $(COMPAT_STAMP): pyproject.toml
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off "$(TORCH_NEWEST)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 

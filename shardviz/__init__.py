@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _torch
+from . import _torch, adapters
 from .backends import device_type, restart
 from .backends import show as _backend_show
 from .backends import use as _use
@@ -29,6 +29,8 @@ from .show import show as _view
 from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
 
 __version__ = "0.1.0"
+
+adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
 
 __all__ = [
     "CollectiveEvent",
@@ -140,8 +142,10 @@ def layout(
 ) -> Layout:
     """Per-rank geometry of a DTensor, or of (shape, mesh_shape, placements) with no tensor at all.
 
-    ``sv.layout(dt)`` reads a DTensor; ``sv.layout((10, 3), (4,), ["S(0)"])`` computes the same
-    geometry as a pure function, for any mesh size, without a process group.
+    ``sv.layout(dt)`` reads a DTensor (or PhysicsNeMo's ShardTensor, with its own shard sizes);
+    ``sv.layout((10, 3), (4,), ["S(0)"])`` computes the same geometry as a pure function, for any
+    mesh size, without a process group. ``shard_sizes={0: (3, 3, 2, 2)}`` gives the size of each
+    coordinate's piece along a ``S(d)`` mesh dim where the shards do not follow chunking.
     """
     if isinstance(obj, Layout):
         if mesh_shape is not None or placements is not None:
@@ -153,6 +157,14 @@ def layout(
                 "sv.layout(dtensor) reads the mesh and placements from the DTensor; pass only the DTensor"
             )
         return _compute_layout(**_torch.dtensor_geometry(obj))
+    adapter = adapters.for_object(obj)
+    if adapter is not None:
+        if mesh_shape is not None or placements is not None or mesh_dim_names is not None:
+            raise TypeError(
+                f"sv.layout({type(obj).__name__}) reads the mesh, placements and shard sizes from the "
+                "tensor's spec; pass only the tensor"
+            )
+        return adapter.layout(obj)
     if _torch.is_local_tensor(obj) or hasattr(obj, "__torch_function__"):
         raise TypeError(
             f"sv.layout got a {type(obj).__name__}, which has no placements: pass a DTensor, or a global "

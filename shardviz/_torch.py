@@ -752,13 +752,16 @@ class ModuleStack:
 
 def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
     """(operator name, geometry of each DTensor input) of a DTensor OpSchema."""
+    op, specs = op_schema_specs(schema)
+    return op, [g for g in map(spec_geometry, specs) if g is not None]
+
+
+def op_schema_specs(schema: Any) -> tuple[str, list[Any]]:
+    """(operator name, the spec of each DTensor input, keyword inputs too) of a DTensor OpSchema."""
     op = str(getattr(schema, "op", "?")).removesuffix(".default")
-    specs = []
-    for a in getattr(schema, "args_schema", ()):
-        g = spec_geometry(a)
-        if g is not None:
-            specs.append(g)
-    return op, specs
+    kwargs = getattr(schema, "kwargs_schema", None) or {}
+    args = [*getattr(schema, "args_schema", ()), *kwargs.values()]
+    return op, [a for a in args if getattr(a, "tensor_meta", None) is not None and hasattr(a, "placements")]
 
 
 class UserCallWatch:

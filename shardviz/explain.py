@@ -30,7 +30,7 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
     no_strategy = "does not have a sharding strategy" in msg
     if not (no_strategy or "Sharding propagation failed" in msg):
         return False
-    from . import _torch
+    from . import _torch, adapters
     from .layout import compute
 
     schema = None
@@ -39,14 +39,31 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
         schema = f_locals.get("op_schema") or getattr(info, "schema", None)
         if schema is not None:
             break
-    op, inputs = _torch.op_schema_inputs(schema) if schema is not None else ("this operator", [])
+    op, specs = _torch.op_schema_specs(schema) if schema is not None else ("this operator", [])
     drawn = []
-    for i, g in enumerate(inputs):
-        lay = compute(**g)
+    framework = None  # the adapter of a framework tensor among the inputs (PhysicsNeMo's ShardTensor)
+    for i, spec in enumerate(specs):
+        g = _torch.spec_geometry(spec)
+        if g is None:
+            continue
+        adapter = adapters.for_spec(spec)
+        sizes = adapter.spec_shard_sizes(spec) if adapter is not None else None
+        try:
+            lay = compute(**g, shard_sizes=sizes or None)
+        except ValueError:
+            lay, sizes = compute(**g), None
         table = (
             str(lay) if lay.world_size <= 16 else str(lay).split("\n", 1)[0] + f" ({lay.world_size} ranks)"
         )
         drawn.append(f"input {i}: " + table)
+        if adapter is not None:
+            framework = adapter
+            chunked = compute(**g)
+            if sizes and chunked.shards != lay.shards:
+                drawn.append(
+                    f"  ({adapter.NAME}'s own shard sizes; DTensor, which it hands the operator to, "
+                    "would assume chunking: " + ", ".join(str(sh.shape) for sh in chunked.shards) + ")"
+                )
     cause = error.__cause__
     if not no_strategy and cause is not None and type(cause).__name__ != "DynamicOutputShapeException":
         # The operator's own shape check failed on the global shapes: a mistake in the inputs,
@@ -63,6 +80,12 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
         why = f"the output shape of {op} depends on the values, so DTensor cannot work out its sharding"
     else:
         why = f"DTensor has no way to run {op} on inputs placed like this"
+    if framework is not None:
+        explain(
+            error,
+            f"shardviz: {why}.\n" + ("\n".join(drawn) + "\n" if drawn else "") + framework.ways_out(op),
+        )
+        return True
     explain(
         error,
         f"shardviz: {why}.\n" + ("\n".join(drawn) + "\n" if drawn else "") + "Ways out:\n"
@@ -78,6 +101,31 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
     return True
 
 
+def _framework_error(
+    error: BaseException, frames: list[tuple[str, str, dict[str, object]]], lockstep: bool
+) -> bool:
+    """A framework's own trap (PhysicsNeMo's, under the lockstep simulator or on CPU), explained by
+    its adapter."""
+    from . import adapters
+
+    for adapter in adapters.active():
+        text = adapter.explain_error(error, [(f, fn) for f, fn, _ in frames], lockstep)
+        if text:
+            explain(error, text)
+            return True
+    return False
+
+
+def explain_rank_error(error: BaseException) -> BaseException:
+    """On one rank (a real one, or one thread per rank): the explanations that hold wherever the
+    code runs (a sharding error, a framework's trap); ``error`` is returned either way."""
+    frames = _frames(error.__traceback__)
+    if isinstance(error, RuntimeError | NotImplementedError) and explain_sharding_error(error, frames):
+        return error
+    _framework_error(error, frames, lockstep=False)
+    return error
+
+
 def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
     """Add an explanation to ``error`` when it matches a known trap; return it either way."""
     frames = _frames(error.__traceback__)
@@ -88,6 +136,8 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     )
     sharding = not compiled and isinstance(error, RuntimeError | NotImplementedError)
     if sharding and explain_sharding_error(error, frames):
+        return error
+    if _framework_error(error, frames, lockstep=True):
         return error
 
     if isinstance(error, AssertionError):

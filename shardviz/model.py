@@ -326,10 +326,14 @@ class _Builder:
         )
 
     def add_tensor(self, name: str, kind: str, module: str, param: str, t: Any) -> None:
-        from . import _torch
+        from . import _torch, adapters
 
         if _torch.is_dtensor(t):
             self.add_layout(name, kind, module, param, _compute_layout(**_torch.dtensor_geometry(t)), True)
+            return
+        adapter = adapters.for_object(t)
+        if adapter is not None:  # PhysicsNeMo's ShardTensor: its own shard sizes
+            self.add_layout(name, kind, module, param, adapter.layout(t), True)
             return
         shape = tuple(int(s) for s in t.shape)
         dtype = _torch.dtype_name(t.dtype)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from . import _torch
+from . import _torch, adapters
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .recorder import to_numpy
@@ -261,6 +261,10 @@ def _plain(
         raise TypeError(f"{who} draws a {type(obj).__name__} with the collective player, not a layout view")
     if _torch.is_dtensor(obj):
         return _from_dtensor(obj)
+    adapter = adapters.for_object(obj)
+    if adapter is not None:  # a framework's tensor with its own spec (PhysicsNeMo's ShardTensor)
+        layout, values, extra = _from_sharded(adapter.layout(obj), adapter.local(obj), type(obj).__name__)
+        return layout, values, {"title": adapters.view_title(obj, layout), **extra}
     if _torch.is_local_tensor(obj):
         return _from_local_tensor(obj)
     if isinstance(obj, torch.Tensor):
@@ -323,8 +327,14 @@ def _from_chunks(
 
 
 def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
-    layout = _compute_layout(**_torch.dtensor_geometry(dt))
-    local = _torch.local_of(dt)
+    return _from_sharded(_compute_layout(**_torch.dtensor_geometry(dt)), _torch.local_of(dt), "DTensor")
+
+
+def _from_sharded(
+    layout: Layout, local: Any, kind: str
+) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
+    """A sharded tensor's layout and each rank's values, from its local tensor (per rank in the
+    simulator; on a real rank, only its own)."""
     per_rank = _torch.local_tensors(local)
     try:
         if per_rank is not None:
@@ -340,7 +350,7 @@ def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[s
         layout,
         None,
         {
-            "values_note": "values unknown: this DTensor holds only this process's shard; inside a "
+            "values_note": f"values unknown: this {kind} holds only this process's shard; inside a "
             "%%spmd cell sv.show gathers every rank's"
         },
     )

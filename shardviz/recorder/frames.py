@@ -26,6 +26,19 @@ OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  
 # dist.all_gather_into_tensor and dist.reduce_scatter_tensor).
 _SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensions.py", "warnings.py")
 _IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
+# Other libraries' folders, added by a framework adapter (PhysicsNeMo's ShardTensor issues
+# collectives from its own code): like torch, never the user's line.
+_OTHER_LIBRARIES: tuple[str, ...] = ()
+
+
+def add_library(folder: str) -> None:
+    """Frames from files under ``folder`` are library code from now on."""
+    global _OTHER_LIBRARIES
+    folder = os.path.join(os.path.abspath(folder), "")
+    if folder not in _OTHER_LIBRARIES:
+        _OTHER_LIBRARIES = (*_OTHER_LIBRARIES, folder)
+        _code_kind.cache_clear()  # type: ignore[attr-defined]  # an lru_cache (caches.memo)
+
 
 # What a frame's code is: a bit set. _ON_BEHALF: torch code other than the c10d Python API and
 # dispatch plumbing (which a raw dist.* call passes through): DTensor, FSDP, pipelining calling
@@ -81,7 +94,7 @@ def _code_kind(code: Any) -> int:
             kind |= _ON_BEHALF
         if _torch.may_hold_mesh(code):
             kind |= _MESH
-    elif fn.startswith(OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):
+    elif fn.startswith((OWN_DIR, *_OTHER_LIBRARIES)) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):
         kind = _LIBRARY
     else:
         kind = _USER
@@ -147,11 +160,11 @@ def called_by_user(frame: FrameType | None) -> bool:
     while frame is not None:
         fn = frame.f_code.co_filename
         if not (fn.startswith(OWN_DIR) or fn.startswith(_torch.DISPATCH_PLUMBING)):
-            return not fn.startswith(TORCH_DIR)
+            return not fn.startswith((TORCH_DIR, *_OTHER_LIBRARIES))
         frame = frame.f_back
     return False
 
 
 def is_library(frame: FrameType) -> bool:
     fn = frame.f_code.co_filename
-    return fn.startswith(TORCH_DIR) or fn.startswith(OWN_DIR)
+    return fn.startswith((TORCH_DIR, OWN_DIR, *_OTHER_LIBRARIES))

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch
+from .. import _torch, adapters
 from .. import mesh as _mesh
 from ..errors import PerRankValueError, ShardvizError
 from ..trace import (
@@ -163,10 +163,12 @@ class Recorder(_torch.DebugMode):
         _torch.TorchDispatchMode.__enter__(self)
         _torch.debug_mode_counter(+1)
         self.modules.__enter__()
+        adapters.recording_started(self, self.rank, self.world_size)
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
+            adapters.recording_ended(self)
             self.modules.__exit__(*exc)
         finally:
             _torch.debug_mode_counter(-1)
@@ -181,13 +183,23 @@ class Recorder(_torch.DebugMode):
         """A user's ``to_local()``: an op event, and its result is followed for local compute."""
         if frames.is_library(caller):
             return
-        self._user_call("DTensor.to_local", dt, inputs=(_torch.placements_str(dt.placements),))
+        name = f"{type(dt).__name__}.to_local"  # DTensor, or a framework's own (ShardTensor)
+        self._user_call(name, dt, inputs=(_torch.placements_str(dt.placements),))
         self._track(out)
 
     def _on_from_local(self, out: Any, caller: FrameType) -> None:
-        if frames.is_library(caller) or not _torch.is_dtensor(out):
+        if frames.is_library(caller) or not (_torch.is_dtensor(out) or adapters.for_object(out)):
             return
-        self._user_call("DTensor.from_local", out, outputs=(_torch.placements_str(out.placements),))
+        name = f"{type(out).__name__}.from_local"
+        self._user_call(name, out, outputs=(_torch.placements_str(out.placements),))
+
+    def note_to_local(self, t: Any, out: Any, caller: FrameType) -> None:
+        """A framework adapter saw ``t.to_local()`` (a tensor type with its own spec) called."""
+        self._on_to_local(t, out, caller)
+
+    def note_from_local(self, out: Any, caller: FrameType) -> None:
+        """A framework adapter saw its ``from_local`` make ``out``."""
+        self._on_from_local(out, caller)
 
     def _user_call(
         self,
@@ -306,6 +318,38 @@ class Recorder(_torch.DebugMode):
         if parent is not None:
             self._has_children.add(parent)
         before, after, src_pl, dst_pl = _redistribute.layouts(caller, src, dst, self._note_mesh)
+        return self._open(
+            eid, parent, source, module, phase, before, after, src_pl, dst_pl, plan, explicit, implicit_outer
+        )
+
+    def open_layout_redistribute(
+        self, mesh: Any, before: Any, src: tuple[str, ...], dst: tuple[str, ...], plan: str, explicit: bool
+    ) -> _redistribute.OpenRedistribute:
+        """A redistribute a framework adapter reports (its own, not DTensor's), with the layout
+        before it; the adapter sets ``after`` once it is known, then closes it."""
+        eid = self._reserve()
+        source, module, phase, in_dispatch = self._context()
+        parent = self._parent(in_dispatch)
+        if parent is not None:
+            self._has_children.add(parent)
+        self._note_mesh(mesh)
+        return self._open(eid, parent, source, module, phase, before, None, src, dst, plan, explicit, False)
+
+    def _open(
+        self,
+        eid: int,
+        parent: int | None,
+        source: Source | None,
+        module: str | None,
+        phase: str | None,
+        before: Any,
+        after: Any,
+        src_pl: tuple[str, ...],
+        dst_pl: tuple[str, ...],
+        plan: str,
+        explicit: bool,
+        implicit_outer: bool,
+    ) -> _redistribute.OpenRedistribute:
         opened = _redistribute.OpenRedistribute(
             id=eid,
             parent=parent,
