@@ -13,6 +13,7 @@ the backends stays cheap and free of import cycles.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,7 +59,11 @@ class LocalBackend:
                     "torch.distributed.destroy_process_group() first, or use "
                     f"sv.use('local', world_size={size}) if it is a fake group."
                 )
+        hook = sys.excepthook
         dist.init_process_group("fake", rank=0, world_size=self.world_size)
+        # torch tags every later traceback of the process with "[rank0]:": the simulator is every
+        # rank at once, and a plain error in the notebook or script is no rank's.
+        sys.excepthook = hook
         self._owns_pg = True
 
     @contextlib.contextmanager
