@@ -17,6 +17,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
 TORCHTITAN ?= torchtitan==0.3.0
 PYTEST_ARGS ?=
 NODE_STAMP := node_modules/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup demo test test-unit test-compat lint bench notebooks clean
@@ -26,15 +27,26 @@ setup: $(VENV)/.installed
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+define install_torch
 	@$(BIN)/python -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 13))" 2>/dev/null \
 		&& echo "torch already installed: keeping it" \
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
+endef
+
+# Everything `make test` needs; it holds what the demo needs too.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
 	$(BIN)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	@touch $@ $(DEMO_STAMP)
+
+# What `make demo` needs, none of the test toolchain: shardviz with the `notebook` extra.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(install_torch)
+	$(BIN)/python -m pip install --progress-bar off -e ".[notebook]"
 	@touch $@
 
-demo: setup
+demo: $(DEMO_STAMP)
 	@echo "Starting JupyterLab on notebooks/ at http://$(HOST):$(PORT)/ (the URL with its login token follows)"
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(ALLOW_ROOT) \
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
