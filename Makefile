@@ -76,8 +76,8 @@ $(COMPAT_STAMP): pyproject.toml
 # Python: ruff (lint + format) and mypy; the widgets' ES modules and CSS: Biome, pinned in
 # package-lock.json and installed from the npm registry into node_modules/.
 lint: setup $(NODE_STAMP)
-	$(BIN)/python -m ruff check shardviz tests benchmarks docs
-	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs
+	$(BIN)/python -m ruff check shardviz tests benchmarks docs _shardviz_pytest.py
+	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs _shardviz_pytest.py
 	$(BIN)/python -m mypy
 	node_modules/.bin/biome ci --error-on-warnings
 
