@@ -655,16 +655,12 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
-        self._fsdp = False  # an FSDP2 module has run in this recording
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
-                # fully_shard makes a module an FSDPModule: its collectives are then looked up
-                # by their parameter group (see current), in the simulator and on real ranks.
-                self._fsdp = self._fsdp or hasattr(type(sub), "set_requires_gradient_sync")
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
@@ -684,10 +680,12 @@ class ModuleStack:
         if end > start:
             self._spans.append((start, end, name))
 
-    def current(self) -> str | None:
-        if self._fsdp:
-            owner = _fsdp_owner(sys._getframe(1))
-            name = self._names.get(owner) if owner is not None else None  # named once its model ran
+    def current(self, fsdp_owner: Any = None) -> str | None:
+        """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
+        of its frame, found by the walk to the user's line): what that group communicates
+        belongs to it, in the simulator and on real ranks, whichever module's hook ran it."""
+        if fsdp_owner is not None:
+            name = self._names.get(fsdp_owner)  # named once its model ran
             if name is not None:
                 return name
         if in_backward():
@@ -876,17 +874,17 @@ _FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 
 
-def _fsdp_owner(frame: Any, depth: int = 40) -> Any:
-    """The module whose FSDP parameter group issues what is running (its all-gather, its
-    reduce-scatter), found on the stack: FSDP runs them from hooks of other modules (the next
-    layer's pre-backward re-gathers this one) and from the autograd engine's callbacks."""
-    while frame is not None and depth:
-        if frame.f_code.co_filename.endswith("_fsdp_param_group.py"):
-            modules = getattr(frame.f_locals.get("self"), "modules", None)
-            if modules:
-                return modules[0]
-        frame, depth = frame.f_back, depth - 1
-    return None
+# The source file of FSDP2's parameter groups: a frame of it on the stack means FSDP itself issues
+# what is running (an all-gather, a reduce-scatter), from hooks of other modules (the next layer's
+# pre-backward re-gathers this one) or from the autograd engine's callbacks.
+FSDP_GROUP_FILE = os.path.join(TORCH_DIR, *_FSDP_GROUP.split(".")[1:]) + ".py"
+
+
+def fsdp_owner(frame: FrameType) -> Any:
+    """The module whose FSDP parameter group runs ``frame`` (a frame of ``FSDP_GROUP_FILE``), or
+    None (a function there that is no method of a group)."""
+    modules = getattr(frame.f_locals.get("self"), "modules", None)
+    return modules[0] if modules else None
 
 
 # Called as ``listener(rank, tensor)`` after FSDP2 resizes a storage in place in the simulation
@@ -1257,6 +1255,7 @@ class ThreadedP2P:
         self.finished: set[int] = set()
         self.waiting: dict[int, tuple[Any, str]] = {}
         self.error: BaseException | None = None
+        self.interrupted: BaseException | None = None  # what stopped the calling thread (Ctrl-C)
         self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
         self.results: dict[int, Any] = {}
         self._runner: Any = None
@@ -1287,6 +1286,7 @@ class ThreadedP2P:
             self._local.thread = t
             cond = cond_box[0]
             self._await_turn(t)
+            self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
                 with new_local_mode(self.world_size):
                     try:
@@ -1300,12 +1300,21 @@ class ThreadedP2P:
                         # Keep this thread's mode (and the globals it patched) until all are done.
                         self.finished.add(t)
                         self.turn = self._next_runnable(t)
-                        if self.turn is None and self.waiting and self.error is None:
+                        if (
+                            self.turn is None
+                            and self.waiting
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             # the rest wait for messages that no running thread can send
                             blocked = {u: w[1] for u, w in self.waiting.items()}
                             self.error = P2PStuck(self._deadlock_text(blocked))
                         cond.notify_all()
-                        while len(self.finished) < self.threads and self.error is None:
+                        while (
+                            len(self.finished) < self.threads
+                            and self.error is None
+                            and self.interrupted is None
+                        ):
                             cond.wait(0.5)
             finally:
                 cond.notify_all()
@@ -1316,25 +1325,48 @@ class ThreadedP2P:
         cond_box.append(runner._run_cond)
         self._runner = runner
         try:
-            runner.__enter__()
+            try:
+                runner.__enter__()  # starts the threads
+                self._join(runner)
+            except BaseException as e:
+                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run:
+                # they stop at their next operator or wait, and are joined before the globals they
+                # run under are reset, so that a later run starts clean.
+                self.interrupted = e
+                self._join(runner)
+                raise
         finally:
-            # Join every thread without LocalRunnerMode.__exit__: it re-raises the first thread's
-            # error before resetting its globals and leaves the other threads unjoined.
-            for thread in runner._runners:
-                threading.Thread.join(thread)
-            ltm_mod._LOCAL_RUNNER_MODE = None
+            # Not LocalRunnerMode.__exit__: it re-raises the first thread's error before resetting
+            # its globals and leaves the other threads unjoined.
+            if getattr(ltm_mod, "_LOCAL_RUNNER_MODE", None) is runner:
+                ltm_mod._LOCAL_RUNNER_MODE = None
             ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)
         if self.error is not None:
             raise self.error
         return self.results
 
+    @staticmethod
+    def _join(runner: Any) -> None:
+        """Wait for every runner thread that was started (a KeyboardInterrupt can come while
+        ``LocalRunnerMode`` starts them)."""
+        for thread in runner._runners:
+            if thread.ident is not None:
+                threading.Thread.join(thread)
+
+    def check_stop(self) -> None:
+        """Raise ``P2PAborted`` in a runner thread once another thread failed or the run was
+        interrupted."""
+        if self.interrupted is not None:
+            raise P2PAborted(f"stopped: the run was interrupted ({type(self.interrupted).__name__})")
+        if self.error is not None:
+            raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+
     def _await_turn(self, t: int) -> None:
         """Wait (releasing the run lock) until it is thread ``t``'s turn, or a thread failed."""
         cond = self._runner._run_cond
         while self.turn != t:
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             cond.wait(0.5)
 
     def _next_runnable(self, t: int) -> int | None:
@@ -1354,8 +1386,7 @@ class ThreadedP2P:
         cond = self._runner._run_cond
         t = self.thread
         while not ready():
-            if self.error is not None:
-                raise P2PAborted(f"stopped: another simulated thread failed ({type(self.error).__name__})")
+            self.check_stop()
             self.waiting[t] = (ready, what)
             nxt = self._next_runnable(t)
             if nxt is None:
@@ -1406,6 +1437,8 @@ class P2PMode(TorchDispatchMode):
         return mine[0]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.sim.interrupted is not None:
+            self.sim.check_stop()  # Ctrl-C in the calling thread: stop at this operator
         kwargs = kwargs or {}
         if func is torch.ops.c10d.send.default:
             return self._send(*args, **kwargs)

@@ -49,6 +49,11 @@ class PartialTraceWarning(UserWarning):
     ``trace.notes`` says which rank stopped where."""
 
 
+class SignalWarning(UserWarning):
+    """``sv.record_job`` cannot write this rank's file on SIGTERM as it otherwise does; the
+    message says why and what is still written."""
+
+
 def rank_path(folder: str | Path, rank: int) -> Path:
     """Where rank ``rank`` of a job writes its trace: ``folder/rank00003.svtrace``."""
     return Path(folder) / f"rank{rank:05d}{SUFFIX}"
@@ -116,17 +121,23 @@ class JobRecording:
         self.trace: Trace | None = None
         self._recorder: Any = None
         self._lock = threading.RLock()
-        self._final = False  # the last write happened: no background write may replace it
+        self._final = False  # a last write happened: no background write may replace it
+        self._stopped = False  # stop() ran: everything start() installed is given back
+        self._signal = ""  # "SIGTERM" once one came (the process may live on: a handler of its own)
+        self._ended_by_signal = False  # the program's own SIGTERM handler raised (sys.exit)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending: dict[str, Any] | None = None
         self._entered = 0
-        self._version = 0  # bumped by every collective: the background writer writes on change
-        self._written_version = -1
+        self._version = 0  # bumped as each collective is entered and left
+        self._written: tuple[int, int] = (-1, -1)  # the _progress() the file shows
         self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._wake_given_back = False
+        self._forward_fd: int | None = None  # the wakeup fd someone else (asyncio) had set
         self._prev_term: Any = None
         self._prev_hook: Any = None
         self._error: str | None = None
+        self._backend: Any = None  # the RankBackend installed, while it is
         self._prev_backend: Any = None
         self._meta = {
             "rank": self.rank,
@@ -154,50 +165,92 @@ class JobRecording:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # an earlier run's file must not pass for this one's
         trace = Trace(self.world_size, "rank", self.values)
-        self._recorder = Recorder(
-            trace, self.world_size, self.values, rank=self.rank, on_collective=self._on_collective
+        # Snapshots are copied when taken, never aliased: the background writer reads them while
+        # the program runs on and writes its own buffers.
+        rec = Recorder(
+            trace,
+            self.world_size,
+            self.values,
+            rank=self.rank,
+            on_collective=self._on_collective,
+            alias_buffers=False,
         )
-        self._recorder.__enter__()
-        self._use_rank_backend()
-        if self.signals:
-            self._install_signals()
-        self._prev_hook = sys.excepthook
-        sys.excepthook = self._excepthook
-        atexit.register(self._at_exit)
-        self._write_partial("running")
-        self._thread = threading.Thread(target=self._watch, name="shardviz-record-job", daemon=True)
-        self._thread.start()
+        rec.__enter__()
+        self._recorder = rec
+        try:
+            self._use_rank_backend()
+            if self.signals:
+                self._install_signals()
+            self._prev_hook = sys.excepthook
+            sys.excepthook = self._excepthook
+            atexit.register(self._at_exit)
+            self._write_partial("running")
+            self._thread = threading.Thread(target=self._watch, name="shardviz-record-job", daemon=True)
+            self._thread.start()
+        except BaseException:
+            # Nothing may stay behind (the dispatch mode, the backend, the handlers): a script that
+            # goes on without its recording runs as it would without shardviz.
+            self._undo_start()
+            raise
         return self
 
+    def _undo_start(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.ident is not None:
+            self._thread.join(timeout=30)
+        rec, self._recorder = self._recorder, None
+        self._final = self._stopped = True
+        try:
+            rec.__exit__(None, None, None)
+        finally:
+            self._give_back()
+
     def stop(self, error: BaseException | None = None) -> Trace | None:
-        """Stop recording and write this rank's file for the last time; returns the trace."""
-        if self._recorder is None or self._final:
+        """Stop recording and write this rank's file for the last time; returns the trace.
+
+        Everything ``start`` installed is given back here, also when a SIGTERM came before and
+        the process lived on (a handler of its own): the file is then rewritten with all that was
+        recorded, its status noting the signal."""
+        if self._recorder is None or self._stopped:
             return self.trace
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         rec = self._recorder
         with self._lock:
-            if self._final:
+            if self._stopped:
                 return self.trace
+            self._stopped = True
             try:
                 rec.__exit__(type(error) if error else None, error, None)
             finally:
-                complete = error is None and rec.all_closed()
-                if complete:
-                    rec.finish()
-                    trace = rec.trace
-                else:
-                    trace = self._snapshot()
-                how = "error" if error is not None or self._error else "finished"
-                if isinstance(error, SystemExit):
-                    how = "exit"
-                self.trace = self._finish_trace(trace, how, error)
-                self._write(self.trace)
-                self._final = True
-                self._restore()
-                self._restore_backend()
+                try:
+                    complete = error is None and rec.all_closed()
+                    if complete:
+                        rec.finish()
+                        trace = rec.trace
+                    else:
+                        trace = self._snapshot()
+                    how = "error" if error is not None or self._error else "finished"
+                    if isinstance(error, SystemExit):
+                        how = "exit"
+                    if self._ended_by_signal:
+                        how = "signal"  # the program's SIGTERM handler raised (sys.exit)
+                    self.trace = self._finish_trace(trace, how, error, sig=self._signal)
+                    self._write(self.trace)
+                    self._final = True
+                finally:
+                    self._give_back()
         return self.trace
+
+    def _give_back(self) -> None:
+        """Everything ``start`` installed: handlers, hooks, the backend (the background thread is
+        gone, so the wakeup sockets can close)."""
+        try:
+            self._restore_signals(close=True)
+            self._restore_hooks()
+        finally:
+            self._restore_backend()
 
     def _use_rank_backend(self) -> None:
         """``sv.per_rank`` and ``sv.device_type`` inside the job mean this rank, as in a ``%%spmd``
@@ -205,14 +258,15 @@ class JobRecording:
         from . import backends
         from .backends.rank import RankBackend
 
-        self._prev_backend = backends.install(RankBackend(_backend_name(), self.world_size, self.rank))
+        self._backend = RankBackend(_backend_name(), self.world_size, self.rank)
+        self._prev_backend = backends.install(self._backend)
 
     def _restore_backend(self) -> None:
         from . import backends
-        from .backends.rank import RankBackend
 
-        if isinstance(backends.peek(), RankBackend):
+        if self._backend is not None and backends.peek() is self._backend:
             backends.install(self._prev_backend)
+        self._backend = None
 
     def __enter__(self) -> JobRecording:
         return self.start()
@@ -292,14 +346,19 @@ class JobRecording:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
+    def _progress(self) -> tuple[int, int]:
+        """What the file would show changes with this: collectives entered and left, events the
+        recorder completed (a collective's own event is complete only after it was left)."""
+        return self._version, self._recorder.ended
+
     def _write_partial(self, how: str, sig: str = "") -> None:
         with self._lock:
             if self._final:
                 return
-            version = self._version
+            progress = self._progress()
             trace = self._finish_trace(self._snapshot(), how, sig=sig)
             self._write(trace)
-            self._written_version = version
+            self._written = progress
 
     def _watch(self) -> None:
         """The background writer: rewrites the file when something changed (at most every
@@ -311,18 +370,25 @@ class JobRecording:
             timeout = max(0.05, min(0.5, interval - (time.monotonic() - last)))
             got = b""
             if wake is not None:
-                with contextlib.suppress(OSError, ValueError):
+                try:
                     ready, _, _ = select.select([wake], [], [], timeout)
                     if ready:
                         got = wake.recv(64)
+                except BlockingIOError:
+                    pass
+                except (OSError, ValueError):
+                    wake = None  # closed under us: wait on the stop event from now on
+                    continue
             else:
                 self._stop.wait(timeout)
             if self._stop.is_set():
                 return
+            if got:
+                self._forward(got)
             if got and signal.SIGTERM in got:
                 self._terminated_from_thread()
                 continue
-            if self._version != self._written_version and time.monotonic() - last >= interval:
+            if self._progress() != self._written and time.monotonic() - last >= interval:
                 t0 = time.monotonic()
                 with contextlib.suppress(Exception):
                     self._write_partial("running")
@@ -330,43 +396,84 @@ class JobRecording:
                 interval = max(self.flush_every, 5 * (last - t0))
 
     # --- signals, uncaught errors, exit ----------------------------------------------------------
+    #
+    # SIGTERM is handled twice: by a Python handler (the main thread, as soon as it runs Python
+    # again) and by the background thread, which learns of it through the signal wakeup fd even
+    # while the main thread is stuck inside gloo or NCCL. Only one process-wide wakeup fd exists;
+    # when someone else holds it (asyncio's event loop does), the background thread takes it and
+    # passes every byte on to theirs, so both keep working. One set after the recording started
+    # replaces ours unseen (only the main thread may ask): SIGTERM then waits for the main thread.
 
     def _install_signals(self) -> None:
+        lost = "a SIGTERM (what torchrun sends the other ranks when one dies) will not write this rank's file"
+        still = (
+            f"it is still written while the rank runs (at most every {self.flush_every:g} s), at the "
+            "end of the block, on an exception and at exit"
+        )
         if threading.current_thread() is not threading.main_thread():
+            warnings.warn(
+                f"sv.record_job was started outside the main thread, where Python cannot set signal "
+                f"handlers: {lost}; {still}. Start it in the main thread to have SIGTERM handled.",
+                SignalWarning,
+                stacklevel=4,
+            )
             return
         prev = signal.getsignal(signal.SIGTERM)
-        if prev is None:  # set from C: leave it alone
+        if prev is None:
+            warnings.warn(
+                f"SIGTERM has a handler installed outside Python, which shardviz leaves alone: {lost}; "
+                f"{still}.",
+                SignalWarning,
+                stacklevel=4,
+            )
             return
-        self._prev_term = prev
-        signal.signal(signal.SIGTERM, self._on_sigterm)
         r, w = socket.socketpair()
         r.setblocking(False)
         w.setblocking(False)
         try:
             old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            old = -2
-        if old != -1:  # someone else (asyncio, ...) listens there: give it back
-            if old >= 0:
-                signal.set_wakeup_fd(old)
+        except (ValueError, OSError) as e:
             r.close()
             w.close()
+            warnings.warn(
+                f"signal.set_wakeup_fd failed ({e}): a SIGTERM that comes while this rank is stuck "
+                "inside a collective (gloo, NCCL) writes its file only once the collective returns "
+                f"or times out, if the process lives that long; {still}.",
+                SignalWarning,
+                stacklevel=4,
+            )
         else:
             self._wake = (r, w)
+            self._forward_fd = old if old >= 0 else None
+        self._prev_term = prev
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _forward(self, got: bytes) -> None:
+        """Pass the wakeup bytes on to whoever had the wakeup fd before (asyncio reads which
+        signals came from them)."""
+        if self._forward_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._forward_fd, got)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         """SIGTERM in the main thread: write the file (how far this rank got), then do what the
-        signal would have done."""
+        signal would have done. A handler of the program's own may keep the process alive: the
+        recording then goes on, and ``stop`` gives everything back as usual."""
         prev = self._prev_term
         with self._lock:
+            self._signal = "SIGTERM"
             if not self._final:
                 self._error = None
                 self.trace = self._finish_trace(self._snapshot(), "signal", sig="SIGTERM")
                 self._write(self.trace)
                 self._final = True
-        self._restore()
+        self._restore_signals(close=False)  # the sockets stay open for the background thread
         if callable(prev):
-            prev(signum, frame)
+            try:
+                prev(signum, frame)
+            except BaseException:
+                self._ended_by_signal = True  # sys.exit() in the handler: the file says SIGTERM
+                raise
         elif prev == signal.SIG_DFL:
             os.kill(os.getpid(), signal.SIGTERM)  # the default handler is back: exit as it would
 
@@ -375,6 +482,7 @@ class JobRecording:
         collective for the whole process-group timeout, so write from here and, when SIGTERM had
         its default meaning, end the process as it would have."""
         with self._lock:
+            self._signal = "SIGTERM"
             if self._final:
                 return
             self.trace = self._finish_trace(self._snapshot(), "signal", sig="SIGTERM")
@@ -392,19 +500,27 @@ class JobRecording:
         with contextlib.suppress(Exception):
             self.stop()
 
-    def _restore(self) -> None:
-        """Give back the signal handler, the wakeup fd and the excepthook (main thread only)."""
+    def _restore_hooks(self) -> None:
+        """Give back the excepthook and the exit hook."""
         with contextlib.suppress(Exception):
             atexit.unregister(self._at_exit)
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_hook or sys.__excepthook__
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if self._prev_term is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, self._prev_term)
-        if self._wake is not None:
-            with contextlib.suppress(ValueError, OSError):
-                signal.set_wakeup_fd(-1)
+
+    def _restore_signals(self, close: bool) -> None:
+        """Give back the SIGTERM handler and the wakeup fd (main thread only); ``close`` the
+        wakeup sockets once the background thread is gone."""
+        if threading.current_thread() is threading.main_thread():
+            if self._prev_term is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_term)
+            if self._wake is not None and not self._wake_given_back:
+                self._wake_given_back = True
+                mine = self._wake[1].fileno()
+                with contextlib.suppress(ValueError, OSError):
+                    now = signal.set_wakeup_fd(-1 if self._forward_fd is None else self._forward_fd)
+                    if now != mine:  # someone else set theirs since: it stays
+                        signal.set_wakeup_fd(now)
+        if close and self._wake is not None and self._wake_given_back:
             for s in self._wake:
                 s.close()
             self._wake = None

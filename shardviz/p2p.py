@@ -117,7 +117,7 @@ def run_threads(
     state = _Run(world, live_ranks(world, threads), values)
     trace = Trace(world, "local", values)
     try:
-        with _torch.tracking_meshes(), state.pipeline_hooks():
+        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), state.pipeline_hooks():
             results = state.sim.run(lambda t: fn(t, *args, **kwargs), setup=state.thread_setup)
     except _torch.P2PStuck as e:
         trace.complete = False
@@ -251,9 +251,10 @@ class _Run:
     # --- messages ----------------------------------------------------------------------------
 
     def _where(self) -> tuple[Source | None, str | None]:
-        frame, _ = frames.user_frame(sys._getframe(2))
+        fsdp: list[Any] = []
+        frame, _ = frames.user_frame(sys._getframe(2), fsdp=fsdp)
         rec = self.recorders.get(self.sim.thread)
-        module = rec.modules.current() if rec is not None else None
+        module = rec.modules.current(fsdp[0] if fsdp else None) if rec is not None else None
         return frames.source(frame), module
 
     def _label(self, key: int) -> dict[str, Any] | None:

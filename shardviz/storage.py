@@ -6,6 +6,10 @@ simulation, or the recording rank on a real process) and a finalizer takes them 
 the storage dies. Storages that change size in place (FSDP2 frees and refills its unsharded
 parameters that way) are re-read when an operator returns them or when FSDP resizes them.
 
+What the recorder keeps is not counted: its snapshots are copies made where no operator is seen,
+never aliases of the program's buffers, so the count is the same whatever the value policy.
+FakeTensors (DTensor's sharding propagation makes some) hold no memory and are skipped.
+
 A sample of the running totals is taken as each event starts; the peak is kept between samples.
 The result is a plain ``shardviz.memory.MemoryTimeline``.
 """
@@ -77,6 +81,10 @@ class StorageTracker:
         try:
             st = p.untyped_storage()
         except (RuntimeError, NotImplementedError):  # a wrapper subclass with no storage of its own
+            return
+        if st.device.type == "meta":
+            # A FakeTensor (DTensor's sharding propagation makes global-shape ones the first time
+            # it meets an operator): metadata only, no memory on any rank.
             return
         key = id(st)
         entry = self._live.get(key)
@@ -168,6 +176,9 @@ class MemoryRecorder(Recorder):
     every operator's result)."""
 
     def __init__(self, *args: Any, memory: Any = True, **kwargs: Any) -> None:
+        # Snapshots are copied, never aliased: an alias would keep a buffer the program dropped
+        # alive, and the count would then depend on the value policy.
+        kwargs["alias_buffers"] = False
         super().__init__(*args, **kwargs)
         self.tracker = StorageTracker(self.world_size, self.rank)
         if memory is not True:

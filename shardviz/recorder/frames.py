@@ -28,14 +28,18 @@ _SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensio
 _IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 
 # What a frame's code is: a bit set.
-_USER, _LIBRARY, _DISPATCH, _MESH = 0, 1, 2, 4
+_USER, _LIBRARY, _DISPATCH, _MESH, _FSDP = 0, 1, 2, 4, 8
 
 
-def user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tuple[FrameType | None, bool]:
+def user_frame(
+    frame: FrameType | None, meshes: list[Any] | None = None, fsdp: list[Any] | None = None
+) -> tuple[FrameType | None, bool]:
     """The innermost frame outside torch and shardviz, and whether DTensor dispatch is on the way.
 
     With ``meshes``, DeviceMeshes held by torch's frames on the way (``distribute_tensor``'s
-    ``device_mesh``, a redistribute's ``mesh``) are collected: they name the mesh dims.
+    ``device_mesh``, a redistribute's ``mesh``) are collected: they name the mesh dims. With
+    ``fsdp``, the module whose FSDP2 parameter group is on the way: what it issues belongs to it.
+    Both come from frames this walk passes anyway, so an event costs no second walk.
     """
     in_dispatch = False
     while frame is not None:
@@ -48,6 +52,10 @@ def user_frame(frame: FrameType | None, meshes: list[Any] | None = None) -> tupl
             m = _torch.frame_mesh(frame)  # only for the innermost frame with a mesh
             if m is not None:
                 meshes.append(m)
+        if kind & _FSDP and fsdp is not None and not fsdp:
+            owner = _torch.fsdp_owner(frame)  # only for the innermost parameter group
+            if owner is not None:
+                fsdp.append(owner)
         frame = frame.f_back
     return None, in_dispatch
 
@@ -59,6 +67,8 @@ def _code_kind(code: Any) -> int:
         kind = _LIBRARY
         if fn == _torch.DTENSOR_DISPATCH_FILE:
             kind |= _DISPATCH
+        elif fn == _torch.FSDP_GROUP_FILE:
+            kind |= _FSDP
         if _torch.may_hold_mesh(code):
             kind |= _MESH
     elif fn.startswith(OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):

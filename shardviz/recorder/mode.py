@@ -60,6 +60,7 @@ class Recorder(_torch.DebugMode):
         values: str | int | ValueBudget,
         rank: int | None = None,
         on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
+        alias_buffers: bool = True,
         passive: bool = False,
     ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
@@ -67,8 +68,9 @@ class Recorder(_torch.DebugMode):
         ``values`` is the value policy, or a budget shared with other recorders of one trace.
         ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
         collective runs and ``"leave"`` after: a real rank publishes it so that the client can
-        tell where a rank blocked inside the collective is. ``passive`` only watches: every op runs
-        as LocalTensorMode alone would run it (no collective done or refused here), for recording
+        tell where a rank blocked inside the collective is. ``alias_buffers=False`` copies every
+        snapshot at once (see ``Snapshots``). ``passive`` only watches: every op runs as
+        LocalTensorMode alone would run it (no collective done or refused here), for recording
         code that must behave exactly as without shardviz (``pytest --shardviz-traces``)."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
@@ -76,8 +78,11 @@ class Recorder(_torch.DebugMode):
         self.rank = rank
         self.on_collective = on_collective
         self.passive = passive
-        self.snaps = Snapshots(values if isinstance(values, ValueBudget) else ValueBudget(values))
+        self.snaps = Snapshots(
+            values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
+        )
         self._slots: list[Event | None] = []
+        self.ended = 0  # events completed so far: what ``partial`` shows changes with it
         self._stack: list[_redistribute.OpenRedistribute] = []  # redistributes entered, not left
         self._has_children: set[int] = set()
         self._current_op: int | None = None
@@ -135,14 +140,16 @@ class Recorder(_torch.DebugMode):
         eid = self._reserve()
         source, module, phase, _ = self._context()
         self._note_mesh(dt.device_mesh)
-        self._slots[eid] = OpEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=name,
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=name,
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
 
     def _track(self, t: Any) -> None:
@@ -170,14 +177,16 @@ class Recorder(_torch.DebugMode):
         snaps_in = self.snaps.take(inputs, ranks, eid, alias=not written(func)) if inputs else {}
         out = func(*args, **kwargs)
         self._track(out)
-        self._slots[eid] = LocalEvent(
-            id=eid,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            inputs=snaps_in,
-            outputs=self.snaps.take(out, ranks, eid),
+        self._end(
+            LocalEvent(
+                id=eid,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                inputs=snaps_in,
+                outputs=self.snaps.take(out, ranks, eid),
+            )
         )
         return out
 
@@ -258,7 +267,7 @@ class Recorder(_torch.DebugMode):
     def close_redistribute(self, opened: _redistribute.OpenRedistribute) -> None:
         popped = self._stack.pop()
         assert popped is opened, "redistributes close in the order they opened"
-        self._slots[opened.id] = opened.event()
+        self._end(opened.event())
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -300,6 +309,11 @@ class Recorder(_torch.DebugMode):
         self._slots.append(None)
         return len(self._slots) - 1
 
+    def _end(self, event: Event) -> None:
+        """An event begun with ``_reserve`` is complete."""
+        self._slots[event.id] = event
+        self.ended += 1
+
     def _parent(self, in_dispatch: bool) -> int | None:
         if self._stack:
             return self._stack[-1].id
@@ -308,8 +322,9 @@ class Recorder(_torch.DebugMode):
         return None
 
     def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes)
-        module = self.modules.current()
+        fsdp: list[Any] = []
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp)
+        module = self.modules.current(fsdp[0] if fsdp else None)
         backward = _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
         return frames.source(frame), module, phase, in_dispatch
@@ -330,15 +345,17 @@ class Recorder(_torch.DebugMode):
             _torch.TorchDispatchMode.__exit__(self, None, None, None)
             self._in_dtensor_op = False
         outputs = tuple(_torch.placements_str(o.placements) for o in flatten(out) if _torch.is_dtensor(o))
-        self._slots[eid] = OpEvent(
-            id=eid,
-            parent=None,
-            source=source,
-            module=module,
-            phase=phase,
-            name=op_name(func),
-            input_placements=inputs,
-            output_placements=outputs,
+        self._end(
+            OpEvent(
+                id=eid,
+                parent=None,
+                source=source,
+                module=module,
+                phase=phase,
+                name=op_name(func),
+                input_placements=inputs,
+                output_placements=outputs,
+            )
         )
         return out
 
@@ -433,7 +450,7 @@ class Recorder(_torch.DebugMode):
         desc = self._desc(gkey, group)
         if parent is not None:
             self._has_children.add(parent)
-        event = self._slots[eid] = CollectiveEvent(
+        event = CollectiveEvent(
             id=eid,
             parent=parent,
             source=source,
@@ -450,6 +467,7 @@ class Recorder(_torch.DebugMode):
             params=params(bound, spec),
         )
         self._group_desc[id(event)] = desc
+        self._end(event)
         return out
 
     # --- groups and meshes -------------------------------------------------------------------

@@ -319,10 +319,17 @@ def written(func: Any) -> tuple[tuple[int, str], ...]:
 
 class Snapshots:
     """The snapshots of one recording: what they cost against the value budget, and the buffers
-    they alias until something may change them."""
+    they alias until something may change them.
 
-    def __init__(self, budget: ValueBudget) -> None:
+    ``alias=False`` copies every snapshot's values at once: where something reads the snapshots
+    while the program runs (a job's background writer, which would read a buffer while the
+    program writes it) or counts what the program holds (an alias keeps a buffer alive after the
+    program dropped it).
+    """
+
+    def __init__(self, budget: ValueBudget, alias: bool = True) -> None:
         self.budget = budget
+        self.alias = alias
         # Snapshots that alias a live buffer, by the buffer's storage address.
         self.aliases: dict[int, Alias] = {}
 
@@ -426,7 +433,7 @@ class Snapshots:
         if owned and readable(t):
             return TensorSnapshot(shape, dtype, _view(t))
         # A small buffer costs less to copy than to keep track of.
-        if alias and size > _SMALL and _aliasable(t):
+        if alias and self.alias and size > _SMALL and _aliasable(t):
             return self._alias(t, shape, dtype)
         return TensorSnapshot(shape, dtype, to_numpy(t))
 

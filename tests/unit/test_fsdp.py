@@ -130,3 +130,69 @@ def test_fsdp_composed_with_tensor_parallel_on_a_dp_tp_mesh():
         d, t = divmod(rank, 2)
         rows = range(5 * t, 5 * t + 3) if d == 0 else range(5 * t + 3, 5 * t + 5)
         assert [i for r in layout.shard(rank).indices[0] for i in r] == list(rows), (rank, layout)
+
+
+def test_fsdp_attribution_reads_frames_only_for_what_fsdp_issues(monkeypatch):
+    """The owner of what FSDP issues is found on the walk to the user's line that every event
+    makes anyway: FSDP's frames are read for the events FSDP issues, not for every event."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    sv.use("local", world_size=4)
+    model = mlp()
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = sv.per_rank(lambda r: torch.ones(3, 8) * r)
+    lookups: list[str] = []
+    owner = getattr(_torch, "fsdp_owner", None)
+
+    def counted(frame):
+        lookups.append(frame.f_code.co_filename)
+        return owner(frame)
+
+    monkeypatch.setattr(_torch, "fsdp_owner", counted, raising=False)
+    with sv.record() as trace:
+        model(x).sum().backward()
+        opt.step()
+    issued = [e for e in trace.events if e.kind == "collective" and e.mesh_dim_name == "dp"]
+    # Per layer: gathered for the forward, again for the backward, its gradient reduce-scattered.
+    assert Counter((e.op, e.module) for e in issued) == {
+        (op, f"FSDPSequential.{i}"): n for i in (0, 2) for op, n in (("all_gather", 2), ("reduce_scatter", 1))
+    }
+    in_fsdp_modules = [e for e in trace.events if (e.module or "").startswith("FSDPSequential.")]
+    # TP's collectives and operators inside those modules, and the optimizer's, need no lookup.
+    assert len(issued) <= len(lookups) < len(in_fsdp_modules) < len(trace.events)
+    assert set(lookups) == {_torch.FSDP_GROUP_FILE}
+
+
+def test_fsdp_in_a_threaded_run_trains_as_plain_torch():
+    """sv.run(fn, threads=N) (pipelines) with FSDP2 over the dp dim inside each thread's ranks:
+    the same per-rank simulation of FSDP as sv.record(), and the parameters plain torch gives."""
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+
+    def stage(thread):
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        model = copy.deepcopy(plain)
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh["dp"])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        opt.step()
+        return {name: p.full_tensor() for name, p in model.named_parameters()}
+
+    trace = sv.run(stage, threads=2)
+    for ranks in ((0, 1), (2, 3)):  # each thread's dp group trains on its own batches
+        want = copy.deepcopy(plain)
+        plain_step(want, [batches[r] for r in ranks], torch.optim.SGD, steps=1)
+        for r in ranks:
+            got = trace.results[r]
+            for name, p in want.named_parameters():
+                torch.testing.assert_close(got[name], p, atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")
+    scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
+    assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
+    assert {e.module for e in scatters} == {"FSDPSequential.0", "FSDPSequential.2"}

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz.memory import MemoryTimeline
@@ -108,3 +109,49 @@ def test_bad_input_says_what_to_do(two):
         sv.run(lambda i: None, threads=2, memory=True)
     with pytest.raises(IndexError, match="rank 5 is not in this timeline"):
         _small_trace().memory.rank(5)
+
+
+def _big_buffers_step():
+    s = sv.per_rank(lambda r: torch.zeros(1))  # 4 B on each rank
+    # 128 KiB per rank: large enough that a recording with values aliases the buffers it
+    # snapshots instead of copying them at once.
+    x = sv.per_rank(lambda r: torch.full((256, 128), float(r)))
+    dist.all_reduce(x)
+    y = x * 2
+    dist.all_reduce(y)
+    del x
+    dist.all_reduce(s)
+    del y
+    dist.all_reduce(s)
+
+
+@pytest.mark.parametrize("values", ["none", 64 * 2**20, "all"])
+def test_the_value_policy_does_not_change_the_memory_counted(two, values):
+    """The recorder's own snapshots are not the program's memory: a buffer the program dropped is
+    gone, whatever the recording kept of it."""
+    with sv.record(memory=True, values=values) as trace:
+        _big_buffers_step()
+    m = trace.memory
+    kib128 = 256 * 128 * 4
+    # s lives until the step returns; at #0 (all_reduce x) x too; at #1 (all_reduce y) x and y;
+    # at #2 only y; at the end nothing.
+    assert m.events == (0, 1, 2, 3, None)
+    assert m.bytes.tolist() == [[4 + kib128] * 2, [4 + 2 * kib128] * 2, [4 + kib128] * 2, [4, 4], [0, 0]]
+    assert m.peak.tolist() == [4 + 2 * kib128] * 2
+    if values != "none":  # the values were kept all the same
+        reduced = trace.collectives()[0].outputs[0].values
+        assert reduced.shape == (256, 128) and (reduced == 1.0).all()  # 0 + 1
+
+
+def test_sharding_propagation_fake_tensors_are_not_counted(two):
+    """DTensor works out an operator's output shape on global-shape FakeTensors the first time it
+    meets the operator and shapes: they hold no memory on any rank."""
+    with sv.record():
+        mesh = init_device_mesh("cpu", (2,))
+        dt = distribute_tensor(torch.ones(26, 38), mesh, [Shard(0)])  # a shape no other test uses
+    with sv.record(memory=dt) as trace:
+        z = torch.tanh(dt)
+    shard = 13 * 38 * 4  # each rank's half of the 26 rows
+    assert trace.memory.peak.tolist() == [2 * shard, 2 * shard]  # dt's shard and z's
+    assert trace.memory.end.tolist() == [2 * shard, 2 * shard]
+    del z

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -218,3 +222,45 @@ def test_traces_are_deterministic():
     a = [(e.op, e.groups) for e in sv.run(fn, threads=N).collectives()]
     for _ in range(3):
         assert [(e.op, e.groups) for e in sv.run(fn, threads=N).collectives()] == a
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["running", "waiting"])
+def test_ctrl_c_stops_every_thread_and_the_next_run_works(where):
+    """Ctrl-C (SIGINT in the calling thread) while threads run: a KeyboardInterrupt, no runner
+    thread left behind, and later threaded runs start clean."""
+    caller = threading.main_thread().ident
+    ops: list[int] = []
+
+    def busy(rank):
+        x = torch.zeros(2)
+        if where == "waiting" and rank == 0:
+            dist.recv(x, 1)  # lets thread 1 run until it waits
+        if where == "waiting" and rank == 1:
+            dist.send(x, 0)
+            dist.recv(x, 0)  # waits for a message that thread 0 never sends
+        if rank != 0:
+            return x
+        for i in range(2000):
+            if rank == 0 and i == 5:
+                signal.pthread_kill(caller, signal.SIGINT)
+            x = x + 1
+            ops.append(rank)
+            time.sleep(0.002)
+        return x
+
+    with pytest.raises(KeyboardInterrupt):
+        sv.run(busy, threads=N)
+    assert [t for t in threading.enumerate() if t.name == "LocalRunnerMode"] == []
+    assert 5 <= len(ops) < 2000 and set(ops) == {0}  # stopped at the next operator
+    stopped = sv.last_trace()  # what the run did until then
+    assert not stopped.complete
+    if where == "waiting":
+        assert [(e.op, e.groups) for e in stopped.collectives()] == [("send", ((1, 0),)), ("recv", ((1, 0),))]
+    trace = sv.run(ring_blocking, threads=N)
+    assert {r: trace.results[r].tolist() for r in range(N)} == {
+        0: [3.0, 4.0],
+        1: [0.0, 1.0],
+        2: [1.0, 2.0],
+        3: [2.0, 3.0],
+    }
