@@ -17,6 +17,8 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 
 import shardviz as sv
 from shardviz import _torch, backends
+from shardviz.recorder import Recorder
+from shardviz.trace import Trace
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,6 +65,22 @@ class AttachTest(DTensorTestBase):
         assert _torch.dispatch_mode_stack() == modes_before
         assert backends.peek() is backend_before
         assert sv.per_rank(lambda rank: torch.tensor([rank])).shape == (1,)  # still this harness's world
+
+    @with_comms
+    def test_a_passive_recording_of_the_test_steps_aside(self) -> None:
+        # pytest --shardviz-traces records the whole test passively; an sv.record() block inside
+        # gets its events whole (the redistribute and its all_gather), the passive one the rest.
+        mesh = self.build_device_mesh()
+        dt = distribute_tensor(torch.arange(16.0), mesh, [Shard(0)])
+        whole = Trace(8, "local", "all")
+        passive = Recorder(whole, 8, "all", passive=True)
+        with passive:
+            with sv.record() as block:
+                dt.redistribute(mesh, [Replicate()])
+            dist.all_reduce(dt.to_local())
+        passive.finish()
+        assert [(e.kind, e.parent) for e in block.events] == [("redistribute", None), ("collective", 0)]
+        assert [getattr(e, "op", e.kind) for e in whole.events] == ["op", "all_reduce"]  # to_local, then it
 
 
 AttachTestWithLocalTensor = create_local_tensor_test_class(AttachTest)
