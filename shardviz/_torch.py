@@ -563,6 +563,22 @@ def process_group_desc(group: Any) -> str:
     return str(getattr(_process_group(group), "group_desc", "") or "")
 
 
+def is_default_group(group: Any) -> bool:
+    """Whether ``group`` is the default process group (which a 1-D mesh of the whole world reuses)."""
+    try:
+        world = dist.group.WORLD
+        return world is not None and process_group_key(group) == process_group_key(world)
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+
+
+# The c10d Python API between a user's ``dist.*`` call and the op a dispatch mode sees: a call
+# that passes only these (and dispatch plumbing) on its way from user code is a raw ``dist.*`` call.
+C10D_API_FILES = tuple(
+    os.path.join(TORCH_DIR, "distributed", f) for f in ("distributed_c10d.py", "c10d_logger.py")
+)
+
+
 def debug_mode_counter(delta: int) -> None:
     """Tell DTensor a DebugMode-like recorder is (or is no longer) active.
 

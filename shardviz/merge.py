@@ -138,6 +138,8 @@ def _merge_collective(
     dim, name = _mesh.find_dim(groups, candidates, hint)
     if dim is None and name is None:
         dim, name = first.mesh_dim, first.mesh_dim_name
+    if all(e.params.get(_mesh.DEFAULT_GROUP) for e in per_rank.values()):
+        dim, name = None, None  # a raw dist.* call on the default group, as in the simulator
     return dataclasses.replace(
         first,
         groups=groups,

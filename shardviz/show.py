@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
 _VIEW_OPTIONS = ("dims", "index", "heatmap", "title", "group")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
-_PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
+_PLAYER_OPTIONS = ("step", "link", "local_steps", "title", "filter")
 _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 
@@ -67,9 +67,11 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget 
 def play(trace: Any, **options: Any) -> PlayerWidget:
     """The collective player: steps through a trace's collectives and redistributes.
 
-    Options: ``step`` (start position, from 0; the widget's ``step`` trait follows the view),
-    ``link`` (cost preset: "nvlink4", "pcie5", "ib-ndr", ...), ``local_steps=True`` (local compute
-    on to_local() shards becomes a step too), ``title``. An event alone plays as a one-step trace.
+    Options: ``step`` (start position, from 0; the widget's ``step`` trait follows the view; by
+    default the training step's first collective), ``link`` (cost preset: "nvlink4", "pcie5",
+    "ib-ndr", ...), ``local_steps=True`` (local compute on to_local() shards becomes a step too),
+    ``title``, ``filter`` (``{"phase", "module", "mesh_dim", "all_ops"}``: the steps and timeline
+    rows shown). An event alone plays as a one-step trace.
     """
     return _player(trace, "sv.play", options)
 

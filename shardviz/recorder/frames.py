@@ -27,25 +27,33 @@ OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  
 _SKIP_FILES = ("contextlib.py", "functools.py", "threading.py", "typing_extensions.py", "warnings.py")
 _IPYKERNEL_CELL = re.compile(r"ipykernel_\d+[/\\]\d+\.py$")
 
-# What a frame's code is: a bit set.
-_USER, _LIBRARY, _DISPATCH, _MESH, _FSDP = 0, 1, 2, 4, 8
+# What a frame's code is: a bit set. _ON_BEHALF: torch code other than the c10d Python API and
+# dispatch plumbing (which a raw dist.* call passes through): DTensor, FSDP, pipelining calling
+# collectives on the user's behalf.
+_USER, _LIBRARY, _DISPATCH, _MESH, _FSDP, _ON_BEHALF = 0, 1, 2, 4, 8, 16
 
 
 def user_frame(
-    frame: FrameType | None, meshes: list[Any] | None = None, fsdp: list[Any] | None = None
+    frame: FrameType | None,
+    meshes: list[Any] | None = None,
+    fsdp: list[Any] | None = None,
+    on_behalf: list[bool] | None = None,
 ) -> tuple[FrameType | None, bool]:
     """The innermost frame outside torch and shardviz, and whether DTensor dispatch is on the way.
 
     With ``meshes``, DeviceMeshes held by torch's frames on the way (``distribute_tensor``'s
     ``device_mesh``, a redistribute's ``mesh``) are collected: they name the mesh dims. With
     ``fsdp``, the module whose FSDP2 parameter group is on the way: what it issues belongs to it.
-    Both come from frames this walk passes anyway, so an event costs no second walk.
+    Both come from frames this walk passes anyway, so an event costs no second walk. With
+    ``on_behalf``, True is appended when a torch frame other than the c10d API is on the way.
     """
     in_dispatch = False
     while frame is not None:
         kind = _code_kind(frame.f_code)
         if kind == _USER:
             return frame, in_dispatch
+        if kind & _ON_BEHALF and on_behalf is not None and not on_behalf:
+            on_behalf.append(True)
         if kind & _DISPATCH:
             in_dispatch = True
         if kind & _MESH and meshes is not None and not meshes:
@@ -69,6 +77,8 @@ def _code_kind(code: Any) -> int:
             kind |= _DISPATCH
         elif fn == _torch.FSDP_GROUP_FILE:
             kind |= _FSDP
+        if fn not in _torch.C10D_API_FILES and fn not in _torch.DISPATCH_PLUMBING:
+            kind |= _ON_BEHALF
         if _torch.may_hold_mesh(code):
             kind |= _MESH
     elif fn.startswith(OWN_DIR) or fn.endswith(_SKIP_FILES) or fn.startswith("<frozen"):

@@ -321,9 +321,11 @@ class Recorder(_torch.DebugMode):
             return self._current_op
         return None
 
-    def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
+    def _context(
+        self, meshes: list[Any] | None = None, on_behalf: list[bool] | None = None
+    ) -> tuple[Source | None, str | None, str | None, bool]:
         fsdp: list[Any] = []
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp)
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp, on_behalf)
         module = self.modules.current(fsdp[0] if fsdp else None)
         backward = _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
@@ -377,16 +379,20 @@ class Recorder(_torch.DebugMode):
         # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
         # redistribute's mesh): several live meshes can have the same groups, and it names them.
         parent: int | None
+        meshes: list[Any] = []
+        on_behalf: list[bool] = []
         if self._stack:
             # Inside a redistribute, which has already found the user's line and noted the mesh.
             top = self._stack[-1]
             parent, source, module, phase = top.id, top.source, top.module, top.phase
         else:
-            meshes: list[Any] = []
-            source, module, phase, in_dispatch = self._context(meshes)
+            source, module, phase, in_dispatch = self._context(meshes, on_behalf)
             for m in meshes:
                 self._note_mesh(m)
             parent = self._parent(in_dispatch)
+        # A dist.* call straight from user code on the default group: no mesh dim, even where a
+        # 1-D mesh of the whole world (which reuses the default group) exists.
+        raw = not self._stack and parent is None and not meshes and not on_behalf
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
@@ -467,6 +473,9 @@ class Recorder(_torch.DebugMode):
             params=params(bound, spec),
         )
         self._group_desc[id(event)] = desc
+        if raw and _torch.is_default_group(group):
+            # on the default group straight from user code: no mesh dim (merges keep it so too)
+            event.params[_mesh.DEFAULT_GROUP] = True
         self._end(event)
         return out
 
@@ -577,7 +586,7 @@ class Recorder(_torch.DebugMode):
                 hit = dims.get(key)
                 if hit is None:
                     hit = dims[key] = mesh_dim(e.groups, desc, own, generation)
-                dim, name = hit
+                dim, name = hit if not e.params.get(_mesh.DEFAULT_GROUP) else (None, None)
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept
