@@ -45,6 +45,7 @@ class _Recording:
         self.trace = Trace(world, "local", DEFAULT_VALUE_BUDGET)
         self.recorder = Recorder(self.trace, world, DEFAULT_VALUE_BUDGET, passive=True)
         self.stack = contextlib.ExitStack()
+        self.mode = mode
 
     def start(self) -> None:
         self.stack.enter_context(_torch.tracking_meshes())  # names the mesh dims of raw dist calls
@@ -71,12 +72,17 @@ class TracesOfFailures:
         self._failed = False
 
     def _enter(self, mode: Any) -> None:
-        rec = _Recording(mode)
-        rec.start()
+        try:
+            rec = _Recording(mode)
+            rec.start()
+        except Exception as e:  # a recording that cannot start must not fail the test it watches
+            self.errors.append(f"a LocalTensorMode over {len(mode.ranks)} ranks not recorded: {e}")
+            return
         self._recordings.append(rec)
 
     def _exit(self, mode: Any, exc: tuple[Any, ...]) -> None:
-        self._recordings[-1].stop(exc)  # outermost modes do not nest: the last one started
+        if self._recordings and self._recordings[-1].mode is mode:  # outermost modes do not nest
+            self._recordings[-1].stop(exc)
 
     @contextlib.contextmanager
     def _watching(self) -> Iterator[None]:

@@ -71,7 +71,7 @@ def _params() -> list[object]:
     return out
 
 
-def run_section(blocks: list[Block], cwd: Path, timeout: int = 280) -> list[dict[str, str | None]]:
+def run_section(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict[str, str | None]]:
     """Run the blocks' cells in one fresh process; each cell's output and error, in order."""
     cells = [c.code for b in blocks if not b.not_run for c in b.cells]
     (cwd / "cells.json").write_text(json.dumps(cells))
@@ -96,7 +96,7 @@ def run_section(blocks: list[Block], cwd: Path, timeout: int = 280) -> list[dict
     return results
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # the cluster section starts gloo engines three times (~130 s here)
 @pytest.mark.parametrize("section", _params())
 def test_readme_section(section, tmp_path):
     blocks = SECTIONS[section]
