@@ -183,7 +183,7 @@ SAVED_WITH_KERNEL_INFO = """() => {
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # a kernel per notebook: ~150 s on an idle 2-core machine
 def test_opening_and_saving_each_notebook_changes_no_byte(lab, page):
     """JupyterLab sets the kernelspec and language_info when it opens a notebook (and autosaves):
     saved notebooks must already hold what it writes, or a demo leaves `git status` dirty."""
