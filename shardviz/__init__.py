@@ -12,12 +12,14 @@ from .backends import device_type, restart
 from .backends import show as _backend_show
 from .backends import use as _use
 from .compare import compare
+from .diff import diff, numerics
 from .job import record_job
 from .layout import Layout, ShardInfo
 from .layout import check_arguments as _check_layout_arguments
 from .layout import compute as _compute_layout
 from .memory import MemoryTimeline
 from .model import ModelMap, model_map
+from .numerics import NumericsReport, StepNumerics, Tolerance
 from .pipeline import Timeline
 from .pipeline import timeline as pipeline_timeline
 from .placement import Placement
@@ -35,23 +37,28 @@ __all__ = [
     "Layout",
     "MemoryTimeline",
     "ModelMap",
+    "NumericsReport",
     "OpEvent",
     "Placement",
     "RedistributeEvent",
     "ShardInfo",
     "Source",
+    "StepNumerics",
     "TensorSnapshot",
     "Timeline",
+    "Tolerance",
     "Trace",
     "__version__",
     "compare",
     "device_type",
+    "diff",
     "export_html",
     "last_trace",
     "layout",
     "load",
     "load_ipython_extension",
     "model_map",
+    "numerics",
     "per_rank",
     "pipeline_timeline",
     "plan",

@@ -64,6 +64,7 @@ class LocalBackend:
         # torch tags every later traceback of the process with "[rank0]:": the simulator is every
         # rank at once, and a plain error in the notebook or script is no rank's.
         sys.excepthook = hook
+        _torch.forget_dtensor_caches()  # a new world: DTensor's caches hold the old one's meshes
         self._owns_pg = True
 
     @contextlib.contextmanager
