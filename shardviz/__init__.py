@@ -73,7 +73,17 @@ __all__ = [
 ]
 
 
-def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Trace:
+def load(
+    path: Any,
+    *,
+    allow_pickle: bool = False,
+    progress: bool = True,
+    source_root: Any = None,
+    max_member_bytes: int | str | None = None,
+    max_file_bytes: int | str | None = None,
+    max_json_bytes: int | str | None = None,
+    max_world_size: int | None = None,
+) -> Trace:
     """Open a trace: a file written by ``trace.save(path)``; a folder of per-rank files written by
     ``sv.record_job`` (merged into one trace; when ranks died, hung or diverged, the events they
     share, with ``trace.notes`` saying which rank stopped where); or PyTorch Flight Recorder dumps
@@ -82,10 +92,24 @@ def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Tra
     Plain JSON and numpy arrays: no code runs. Flight Recorder dumps in torch's pickle format are
     refused unless ``allow_pickle=True`` — unpickling runs whatever code the file names, so pass
     it only for files you trust. ``progress`` prints a status line when loading takes a while.
+
+    A file may come from a stranger: a bad one raises ``TraceFileError`` naming the field, and
+    what loading may cost is capped (``max_*``: bytes, or sizes such as ``"8GiB"``; defaults in
+    ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
+    source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
     from .job import load_path
+    from .limits import resolve
 
-    return load_path(path, allow_pickle=allow_pickle, progress=progress)
+    limits = resolve(
+        max_member_bytes=max_member_bytes,
+        max_file_bytes=max_file_bytes,
+        max_json_bytes=max_json_bytes,
+        max_world_size=max_world_size,
+    )
+    return load_path(
+        path, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=limits
+    )
 
 
 def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:
