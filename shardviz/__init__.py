@@ -15,6 +15,7 @@ from .compare import compare
 from .diff import diff, numerics
 from .job import record_job
 from .layout import Layout, ShardInfo
+from .layout import check_arguments as _check_layout_arguments
 from .layout import compute as _compute_layout
 from .memory import MemoryTimeline
 from .model import ModelMap, model_map
@@ -175,6 +176,14 @@ def layout(
             "sv.layout(shape, mesh_shape, placements) needs all three, e.g. "
             'sv.layout((10, 3), (4,), ["S(0)"]); or pass a DTensor'
         )
+    try:
+        _check_layout_arguments(
+            obj, mesh_shape, placements, mesh_dim_names, kwargs.get("mesh_ranks"), kwargs.get("groups")
+        )
+    except (TypeError, ValueError) as e:
+        # The arguments are wrong: the error points at the caller's line, not at the validators
+        # under the cached geometry (a screenful of frames in a notebook).
+        raise e.with_traceback(None) from None
     return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)
 
 

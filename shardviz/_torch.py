@@ -125,6 +125,60 @@ def active_local_mode() -> Any:
     return _private["local_tensor_mode"]()
 
 
+# The LocalTensorModes shardviz made (its backends' and its threads'): any other active one was
+# entered by the user or a test harness, and recording attaches to it instead of making its own.
+_own_modes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def new_local_mode(world_size: int) -> Any:
+    mode = LocalTensorMode(world_size)
+    _own_modes.add(mode)
+    return mode
+
+
+def is_own_mode(mode: Any) -> bool:
+    return mode in _own_modes
+
+
+@contextlib.contextmanager
+def watching_local_modes(
+    on_enter: Callable[[Any], None], on_exit: Callable[[Any, tuple[Any, ...]], None]
+) -> Iterator[None]:
+    """While active, ``on_enter(mode)`` runs just after a LocalTensorMode that shardviz did not make
+    is entered with no other one active (a test harness opening its simulation), and
+    ``on_exit(mode, exc_info)`` just before that mode is left: the place to push a dispatch mode on
+    top of it and pop it again. torch's own nested entries are not reported."""
+    cls = LocalTensorMode
+    original_enter, original_exit = cls.__enter__, cls.__exit__
+    watched: set[int] = set()
+
+    @functools.wraps(original_enter)
+    def enter(self: Any) -> Any:
+        outermost = active_local_mode() is None
+        out = original_enter(self)
+        if outermost and not is_own_mode(self):
+            watched.add(id(self))
+            on_enter(self)
+        return out
+
+    @functools.wraps(original_exit)
+    def exit_(self: Any, *exc: Any) -> Any:
+        if id(self) in watched and active_local_mode() is self:
+            watched.discard(id(self))
+            try:
+                on_exit(self, exc)
+            finally:
+                left = original_exit(self, *exc)  # the mode is left even if on_exit failed
+            return left
+        return original_exit(self, *exc)
+
+    cls.__enter__, cls.__exit__ = enter, exit_
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = original_enter, original_exit
+
+
 def dispatch_mode_stack() -> list[Any]:
     return list(_private["dispatch_mode_stack"]())
 
@@ -1346,7 +1400,7 @@ class ThreadedP2P:
             self._await_turn(t)
             self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
-                with LocalTensorMode(self.world_size):
+                with new_local_mode(self.world_size):
                     try:
                         with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
                             self.results[t] = fn(t)

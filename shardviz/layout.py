@@ -355,6 +355,26 @@ def _cached(key: tuple[Any, ...]) -> Layout:
     )
 
 
+def check_arguments(
+    global_shape: object,
+    mesh_shape: object,
+    placements: object,
+    mesh_dim_names: object = None,
+    mesh_ranks: Sequence[int] | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> None:
+    """Raise the error ``compute`` would raise for wrong arguments, before any geometry runs: a
+    front end calls it to raise from its own line instead of from deep inside the cached geometry."""
+    shape = _check_shape(global_shape)
+    mshape = _mesh.check_mesh_shape(mesh_shape)
+    _check_names(cast("Sequence[str] | None", mesh_dim_names), len(mshape))
+    normalize(placements, len(shape), len(mshape))
+    nranks = _mesh.size(mshape)
+    _check_groups(groups, nranks, mesh_ranks)
+    if mesh_ranks is not None and groups is None and len(tuple(mesh_ranks)) != nranks:
+        raise ValueError(f"mesh_ranks has {len(tuple(mesh_ranks))} ranks for a mesh of {nranks}")
+
+
 def _compute(
     global_shape: Sequence[int],
     mesh_shape: Sequence[int],

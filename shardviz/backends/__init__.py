@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from .. import _torch
 from .base import Backend, draw
-from .local import LocalBackend
+from .local import AttachedBackend, LocalBackend
 
 DEFAULT_WORLD_SIZE = 4
 BACKENDS = ("local", "threads", "gloo", "nccl")
@@ -72,9 +74,20 @@ def install(backend: Backend | None) -> Backend | None:
     return previous
 
 
+_attached: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
+
+
 def current() -> Backend:
-    """The active backend, building the default (local, 4 ranks) on first use."""
+    """The active backend, building the default (local, 4 ranks) on first use. Inside a
+    LocalTensorMode that shardviz did not enter (a test harness's), the simulation it runs,
+    attached to as it is (``AttachedBackend``), whatever ``sv.use`` chose."""
     global _current
+    mode = _torch.active_local_mode()
+    if mode is not None and not _torch.is_own_mode(mode):
+        backend = _attached.get(mode)
+        if backend is None:
+            backend = _attached[mode] = AttachedBackend(mode)
+        return backend
     if _current is None:
         _current = _build("local", DEFAULT_WORLD_SIZE)
     return _current

@@ -122,6 +122,7 @@ class Recorder(_torch.DebugMode):
         rank: int | None = None,
         on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
         alias_buffers: bool = True,
+        passive: bool = False,
     ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
         number records one real process's own buffers and group, for the client to merge.
@@ -129,12 +130,15 @@ class Recorder(_torch.DebugMode):
         ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
         collective runs and ``"leave"`` after: a real rank publishes it so that the client can
         tell where a rank blocked inside the collective is. ``alias_buffers=False`` copies every
-        snapshot at once (see ``Snapshots``)."""
+        snapshot at once (see ``Snapshots``). ``passive`` only watches: every op runs as
+        LocalTensorMode alone would run it (no collective done or refused here), for recording
+        code that must behave exactly as without shardviz (``pytest --shardviz-traces``)."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
         self.rank = rank
         self.on_collective = on_collective
+        self.passive = passive
         self.snaps = Snapshots(
             values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
         )
@@ -384,7 +388,7 @@ class Recorder(_torch.DebugMode):
                 if self._in_dtensor_op:
                     return NotImplemented
                 return self._dtensor_op(func, args, kwargs or {})
-            if not types and self.rank is None and _has_per_rank_int(args, kwargs):
+            if not types and self.rank is None and not self.passive and _has_per_rank_int(args, kwargs):
                 return self._per_rank_scalar(func, args, kwargs or {})
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
@@ -488,6 +492,8 @@ class Recorder(_torch.DebugMode):
         self, entry: tuple[Spec, str, list[str]], func: Any, args: Any, kwargs: dict[str, Any]
     ) -> Any:
         spec, impl, names = entry
+        if self.passive and spec.op in ("send", "recv"):
+            return func(*args, **kwargs)
         if self.rank is None and spec.op in ("send", "recv"):
             from ..p2p import P2P_HELP, P2PError
 
@@ -523,12 +529,13 @@ class Recorder(_torch.DebugMode):
         gkey = _torch.process_group_key(group) if group is not None else "WORLD"
         if self.rank is None:
             local = [t for t in ts if _torch.is_local_tensor(t)]
-            if ts and not local and not c10d.plain_is_fine(spec, bound):
+            if ts and not local and not self.passive and not c10d.plain_is_fine(spec, bound):
                 self._slots.pop()
                 raise c10d.plain_tensor_error(spec.op, impl)
             ranks = present_ranks(local, self.world_size)
             if (
-                spec.inputs
+                not self.passive
+                and spec.inputs
                 and spec.inputs != spec.outputs
                 and len(local) < len(ts)
                 and c10d.has_plain(in_arg)
@@ -551,13 +558,14 @@ class Recorder(_torch.DebugMode):
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
-        per_group = c10d.PER_GROUP.get(impl) if self.rank is None else None
+        simulating = self.rank is None and not self.passive  # done or emulated here
+        per_group = c10d.PER_GROUP.get(impl) if simulating else None
         done = per_group(bound, groups) if per_group is not None else None
         if done is not None:
             out, group_values = done
         else:
             group_values = None
-            emulate = c10d.emulator(impl, bound) if self.rank is None else None
+            emulate = c10d.emulator(impl, bound) if simulating else None
             out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
         if self.rank is not None:  # a real process: the result is only there once the work is done
             _torch.wait_collective(out, functional=spec.group == "group_name")
