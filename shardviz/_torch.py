@@ -105,6 +105,7 @@ GET_RANK_PER_RANK = "get_rank" in getattr(_private["local_tensor_module"], "_PAT
 
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+from torch.fx import GraphModule as _GraphModule  # noqa: E402
 from torch.nn.modules.module import (  # noqa: E402
     register_module_forward_pre_hook as _register_module_forward_pre_hook,
 )
@@ -601,35 +602,46 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
+        # A named module runs compiled: the walk to the user's line looks for the module being
+        # called (see ``current``), as no hook of its runs outside the compiled code.
+        self.compiled = False
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
+                self.compiled = self.compiled or is_compiled_module(sub)
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
         return name
 
     def _enter_forward(self, mod: Any, inputs: Any) -> None:
+        # Traced into a compiled region, a hook registered there would break the graph; the graph
+        # torch.compile's backends run (a GraphModule of no model) is torch's, not a module of the user's.
+        if torch.compiler.is_compiling() or (mod not in self._names and is_generated_module(mod)):
+            return
         if mod not in self._hooked:
             self._hooked.add(mod)
             self._handles.append(mod.register_forward_hook(self._leave_forward, always_call=True))
         self._stack.append((self._name(mod), torch._C._autograd._get_sequence_nr()))
 
     def _leave_forward(self, mod: Any, inputs: Any, output: Any) -> None:
-        if not self._stack:
+        if not self._stack or torch.compiler.is_compiling():
             return
         name, start = self._stack.pop()
         end = torch._C._autograd._get_sequence_nr()
         if end > start:
             self._spans.append((start, end, name))
 
-    def current(self, fsdp_owner: Any = None) -> str | None:
+    def current(self, fsdp_owner: Any = None, called: Any = None) -> str | None:
         """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
         of its frame, found by the walk to the user's line): what that group communicates
-        belongs to it, in the simulator and on real ranks, whichever module's hook ran it."""
+        belongs to it, in the simulator and on real ranks, whichever module's hook ran it.
+        ``called``: the innermost module being called (asked for while ``compiled``); a compiled
+        one is the module running, its hooks having stayed inside the compiled code. In the
+        backward a compiled module's work belongs to the innermost module that ran uncompiled."""
         if fsdp_owner is not None:
             name = self._names.get(fsdp_owner)  # named once its model ran
             if name is not None:
@@ -637,6 +649,10 @@ class ModuleStack:
         if in_backward():
             node = torch._C._current_autograd_node()
             return self._backward_owner(node._sequence_nr()) if node is not None else None
+        if called is not None and is_compiled_module(called):
+            name = self._names.get(called)
+            if name is not None:
+                return name
         return self._stack[-1][0] if self._stack else None
 
     def _backward_owner(self, seq: int) -> str | None:
@@ -657,6 +673,34 @@ class ModuleStack:
         if self._hooked:
             self._hooked = weakref.WeakSet()
         self._stack.clear()
+
+
+# nn.Module.__call__'s code: a frame of it on the stack is a module being called (its ``self``).
+MODULE_CALL_CODE = torch.nn.Module._wrapped_call_impl.__code__
+
+
+def called_module(frame: FrameType) -> Any:
+    """The module a frame of ``MODULE_CALL_CODE`` calls."""
+    return frame.f_locals.get("self")
+
+
+def is_compiled_code(code: Any) -> bool:
+    """Whether ``code`` is torch.compile's rewrite of a function (Dynamo's bytecode, which keeps
+    the function's file name): its lines do not run one by one, so the line to show is its caller's."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils is not None and code in utils.orig_code_map
+
+
+def is_generated_module(mod: Any) -> bool:
+    """Whether ``mod`` is a torch.fx GraphModule: torch.compile's backends run the code they
+    compile as one."""
+    return isinstance(mod, _GraphModule)
+
+
+def is_compiled_module(mod: Any) -> bool:
+    """Whether ``mod`` runs compiled (``module.compile()``): its own hooks run inside the compiled
+    code, where shardviz's module tracking stays out."""
+    return getattr(mod, "_compiled_call_impl", None) is not None
 
 
 def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
@@ -720,6 +764,8 @@ def _make_watch_wrappers(planner: Any) -> None:
     @functools.wraps(orig_to_local)
     def to_local(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_to_local(self, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return out  # traced: a compiled region's calls are no user's to watch
         for on_to_local, _ in list(_watches):
             on_to_local(self, out, sys._getframe(1))
         return out
@@ -727,6 +773,8 @@ def _make_watch_wrappers(planner: Any) -> None:
     @functools.wraps(orig_from_local.__func__)
     def from_local(*args: Any, **kwargs: Any) -> Any:
         out = orig_from_local.__func__(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return out
         for _, on_from_local in list(_watches):
             on_from_local(out, sys._getframe(1))
         return out
@@ -824,6 +872,14 @@ _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 # what is running (an all-gather, a reduce-scatter), from hooks of other modules (the next layer's
 # pre-backward re-gathers this one) or from the autograd engine's callbacks.
 FSDP_GROUP_FILE = os.path.join(TORCH_DIR, *_FSDP_GROUP.split(".")[1:]) + ".py"
+
+
+# The methods of an FSDP2 parameter group that run for the backward: what they issue is backward
+# communication even where no autograd engine runs them (a pipeline schedule calls post_backward
+# itself after its last microbatch).
+FSDP_BACKWARD_METHODS = frozenset(
+    {"pre_backward", "post_backward", "finalize_backward", "_backward_prefetch"}
+)
 
 
 def fsdp_owner(frame: FrameType) -> Any:

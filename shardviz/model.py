@@ -379,9 +379,9 @@ def model_map(
 
     ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
     counted as rows of kind ``"optimizer"``; a wrapper of several optimizers (``.optimizers``, as
-    torchtitan's OptimizersContainer) or a list of them counts each one's. ``grads``: count each parameter's ``.grad`` when it
-    has one. ``world_size``: the world plain tensors are replicated over (default: the current
-    backend's, or the largest rank any DTensor names, plus one).
+    torchtitan's OptimizersContainer) or a list of them counts each one's. ``grads``: count each
+    parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
+    over (default: the current backend's, or the largest rank any DTensor names, plus one).
     """
     b = _Builder(world_size)
     if isinstance(model, Mapping):

@@ -196,3 +196,51 @@ def test_fsdp_in_a_threaded_run_trains_as_plain_torch():
     scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
     assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
     assert {e.module for e in scatters} == {"FSDPSequential.0", "FSDPSequential.2"}
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_gradient_reduce_scatter_in_a_pipeline_is_the_backward():
+    """A 1F1B pipeline on a (pp, dp) mesh, each stage sharded over dp: torch's schedule calls
+    FSDP's post_backward itself after the last microbatch, outside the autograd engine; the
+    gradients' reduce-scatter is still the backward (it was labelled "forward")."""
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    x, y = torch.randn(2, 8, 8), torch.randn(2, 8, 8)  # one batch per dp rank
+
+    def step():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp, dp = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        part = [full[0:2], full[2:4]][pp]
+        fully_shard(part, mesh=mesh["dp"])
+        stage = PipelineStage(part, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+        schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=nn.MSELoss())
+        if pp == 0:
+            schedule.step(x[dp])
+        else:
+            schedule.step(target=y[dp])
+        return {n: p.grad.full_tensor() for n, p in part.named_parameters()}
+
+    assert [n for n, _ in full[2:4].named_parameters()] == ["2.weight", "2.bias"]
+    sv.use("threads", world_size=4)
+    try:
+        trace = sv.run(step)
+    finally:
+        sv.use("local", world_size=4)
+    # plain torch: each dp rank's loss is the mean over its 4 microbatches; FSDP averages over dp
+    ref = copy.deepcopy(full)
+    losses = [
+        sum(F.mse_loss(o, t) for o, t in zip(ref(x[d]).chunk(4), y[d].chunk(4), strict=True)) / 4
+        for d in range(2)
+    ]
+    (sum(losses) / 2).backward()
+    want = dict(ref.named_parameters())
+    for r in range(4):
+        for name, g in trace.results[r].items():  # a slice of a Sequential keeps its names
+            torch.testing.assert_close(g, want[name].grad, atol=1e-6, rtol=1e-5, msg=f"{name} rank {r}")
+    scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
+    assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
+    assert [e.phase for e in scatters] == ["backward", "backward"]
+
