@@ -7,9 +7,10 @@ its type and traceback; its message gains what happened and what to do.
 
 from __future__ import annotations
 
+import os
 from types import TracebackType
 
-from .errors import explain
+from .errors import ShardvizError, explain
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]]:
@@ -22,6 +23,7 @@ def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]
 
 
 NOTEBOOK = "notebooks/07_custom_operators.ipynb"
+OWN_DIR = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
 
 
 def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, dict[str, object]]]) -> bool:
@@ -79,7 +81,10 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
 
 
 def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
-    """Add an explanation to ``error`` when it matches a known trap; return it either way."""
+    """Add an explanation to ``error`` when it matches a known trap; return it either way.
+    shardviz's own errors say what to do already, and Ctrl-C is no error."""
+    if isinstance(error, ShardvizError) or not isinstance(error, Exception):
+        return error
     frames = _frames(error.__traceback__)
     msg = str(error.args[0]) if error.args else ""
     files = [f for f, _, _ in frames]
@@ -125,22 +130,11 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
                     "that divides evenly over the mesh.",
                 )
     if any("/torch/distributed/fsdp/" in f for f in files):
-        return explain(
-            error,
-            "shardviz: FSDP2 (fully_shard) failed under the simulation. shardviz runs FSDP2 per "
-            "simulated rank (FSDP, HSDP and FSDP + TP: forward, backward and optimizer steps); "
-            "options beyond those (CPU offload, mixed precision, resharding to a smaller mesh) are not "
-            "covered. Run this on real process groups: sv.use('gloo', world_size=N), then a %%spmd cell.",
-        )
+        explained = _explain_fsdp(error, msg, files)
+        if explained is not None:
+            return explained
     if compiled:
-        return explain(
-            error,
-            "shardviz: this torch.compile failed under the simulation. Compiled DTensor code runs "
-            'under LocalTensorMode with backend="eager" or backend="aot_eager"; inductor needs '
-            "real tensor storage, which the simulated per-rank tensors do not have. Use "
-            'torch.compile(fn, backend="aot_eager") inside sv.record() / %%spmd, run the function '
-            "eagerly, or compile it on real ranks: sv.use('gloo', world_size=N).",
-        )
+        return _explain_compile(error, msg, files)
     if isinstance(error, AttributeError) and "'LocalIntNode' object has no attribute" in msg:
         # torch >= 2.14: dist.get_rank() (like a mesh coordinate) is a per-rank SymInt in the
         # simulation, and turning it into one Python int fails with this bare AttributeError.
@@ -160,6 +154,68 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
             "Call sv.use('local', world_size=<mesh size>) first.",
         )
     return error
+
+
+def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseException | None:
+    """FSDP2 failures whose cause is known. FSDP2 itself runs in the simulation (FSDP, HSDP,
+    FSDP + TP, mixed precision, a divide factor, CPU offload without pinned memory): any other
+    error inside it is torch's own and keeps its message."""
+    if "Cannot access accelerator device" in msg and any(f.endswith("/_fsdp_param.py") for f in files):
+        return explain(
+            error,
+            "shardviz: FSDP2's CPU offload pins host memory (CPUOffloadPolicy(pin_memory=True), the "
+            "default), which needs an accelerator; this machine has none, so torch raises this on "
+            "real CPU ranks (gloo) as well, not only in the simulation. Pass "
+            "CPUOffloadPolicy(pin_memory=False), or run on GPUs: sv.use('nccl', world_size=N).",
+        )
+    if "invalid python storage" in msg:
+        return explain(
+            error,
+            "shardviz: FSDP2 freed or allocated a simulated parameter's storage outside the "
+            "simulation: shardviz runs FSDP2 per simulated rank only inside sv.record(), sv.run() "
+            "and %%spmd cells. Call the sharded model inside one of them.",
+        )
+    return None
+
+
+_UNSUPPORTED = ("torch._dynamo.exc", "Unsupported")
+
+
+def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseException:
+    """torch.compile failed: say which part of it, and whether the simulation is the cause."""
+    backend = getattr(error, "backend_name", None)
+    if backend == "inductor" or any("/torch/_inductor/" in f for f in files):
+        return explain(
+            error,
+            "shardviz: inductor (torch.compile's default backend) cannot compile simulated "
+            "tensors: it needs real tensor storage, which the simulated per-rank tensors do not "
+            'have. In the simulation, compile with backend="eager" (every collective is recorded) '
+            'or backend="aot_eager"; or compile with inductor on real ranks: '
+            "sv.use('gloo', world_size=N).",
+        )
+    if any((c.__module__, c.__name__) == _UNSUPPORTED for c in type(error).__mro__):
+        traced = msg.split("from user code:", 1)[1] if "from user code:" in msg else ""
+        if OWN_DIR in traced:
+            return explain(
+                error,
+                "shardviz: torch.compile traced into shardviz's own code, which it should never "
+                "see: a shardviz bug, please report it with this traceback. Meanwhile, compile "
+                "without fullgraph=True or record the code uncompiled.",
+            )
+        return explain(
+            error,
+            "shardviz: Dynamo (torch.compile's tracer) cannot turn this code into one graph (a graph "
+            'break, an error with fullgraph=True); the lines under "from user code" show where. '
+            "torch.compile refuses it the same way on real ranks: the simulation is not the cause. "
+            "Rewrite that code so Dynamo can trace it, or compile without fullgraph=True.",
+        )
+    which = f'backend="{backend}"' if backend else "the compiled code"
+    return explain(
+        error,
+        f"shardviz: this torch.compile failed under the simulation ({which}). If it compiles on real "
+        'ranks, try backend="eager" in the simulation (DTensor runs its ops as they come), or '
+        "compile on real ranks: sv.use('gloo', world_size=N).",
+    )
 
 
 def _shapes(chunks: object) -> str | None:

@@ -244,3 +244,26 @@ def test_fsdp_gradient_reduce_scatter_in_a_pipeline_is_the_backward():
     assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
     assert [e.phase for e in scatters] == ["backward", "backward"]
 
+
+def test_cpu_offload_trains_and_pinned_memory_is_explained_by_its_real_cause():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        opt.step()
+    plain_step(plain, batches, torch.optim.SGD, steps=1)
+    assert_same_parameters(model, plain)
+    # Pinned host memory needs an accelerator: torch raises this on CPU-only real ranks too.
+    with pytest.raises(RuntimeError, match=r"pin_memory=False") as info, sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        fully_shard(mlp(), mesh=mesh, offload_policy=CPUOffloadPolicy())
+    text = str(info.value)
+    assert "real CPU ranks (gloo) as well" in text and "mixed precision" not in text

@@ -290,6 +290,23 @@ def test_a_module_compiled_with_fullgraph_runs_under_record(backend):
     assert no_modes_left()
 
 
+@pytest.mark.timeout(120)
+def test_a_graph_break_is_explained_as_dynamos_not_inductors():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+
+    def noisy(t):
+        print("not traceable with fullgraph=True")
+        return t * 2
+
+    with pytest.raises(Exception, match="cannot turn this code into one graph") as e, sv.record():
+        torch.compile(noisy, backend="eager", fullgraph=True)(dt)
+    assert "inductor" not in str(e.value).split("shardviz:")[1]
+    assert type(e.value).__module__.startswith("torch")
+
+
 def test_fsdp2_runs_in_the_simulation_and_torch_is_left_as_it_was():
     import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
     from torch.distributed.fsdp import fully_shard
