@@ -14,6 +14,7 @@ import importlib
 import os
 import re
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
@@ -534,8 +535,18 @@ def reduce_op_name(op: Any) -> str:
 
 # The factor of each ReduceOp.PREMUL_SUM collective being called (innermost last). torch 2.13
 # cannot read it back from the boxed ReduceOp a c10d op receives (it has no ``ReduceOp.unbox``), so
-# ``premul_sum_factors`` keeps it from the Python call while the simulation runs.
-_premul_factors: list[Any] = []
+# ``premul_sum_factors`` keeps it from the Python call while the simulation runs, per thread (in
+# the one-thread-per-rank simulator each rank's thread calls, and may wait inside, its own).
+_premul_local = threading.local()
+
+
+def _premul_factors() -> list[Any]:
+    stack: list[Any] | None = getattr(_premul_local, "stack", None)
+    if stack is None:
+        stack = _premul_local.stack = []
+    return stack
+
+
 # dist functions that take a ReduceOp: the position of their ``op`` argument.
 _REDUCE_OP_ARG = {"all_reduce": 1, "reduce_scatter_tensor": 2, "reduce_scatter_single": 2}
 
@@ -546,14 +557,15 @@ def premul_factor(op: Any) -> Any:
     if isinstance(op, torch.ScriptObject):
         unbox = getattr(dist.ReduceOp, "unbox", None)
         if unbox is None:
-            if not _premul_factors:
+            factors = _premul_factors()
+            if not factors:
                 raise NotImplementedError(
                     "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
                     f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
                     f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
                     "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
                 )
-            return _premul_factors[-1]
+            return factors[-1]
         op = unbox(op)
     factor = op.factor
     if isinstance(factor, torch.Tensor) and factor.numel() == 1:
@@ -974,11 +986,12 @@ def _following_premul(name: str, original: Any) -> Any:
         op: Any = kwargs.get("op", args[position] if len(args) > position else None)
         if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
             return original(*args, **kwargs)
-        _premul_factors.append(op.factor)
+        factors = _premul_factors()
+        factors.append(op.factor)
         try:
             return original(*args, **kwargs)
         finally:
-            _premul_factors.pop()
+            factors.pop()
 
     return call
 
@@ -1165,7 +1178,6 @@ def flight_recorder_dump(pickled: bool = False) -> bytes:
 
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
-import threading  # noqa: E402
 
 
 class P2PStuck(RuntimeError):
