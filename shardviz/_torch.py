@@ -127,6 +127,22 @@ def active_local_mode() -> Any:
     return _private["local_tensor_mode"]()
 
 
+def drop_stale_local_mode(mode: Any) -> bool:
+    """Whether ``mode`` was listed as active by torch without being entered, and is now dropped.
+
+    An error that unwinds through LocalTensorMode's own dispatch without running its ``__exit__``
+    (a RecursionError inside torch.compile's tracing) leaves it in torch's list of active local
+    modes while off the dispatch stack: every later simulation would then find it "already
+    active", enter nothing, and run on plain tensors."""
+    listed = getattr(_private["local_tensor_module"], "get_local_tensor_mode_list", None)
+    modes = listed() if listed is not None else []
+    if mode not in modes or mode in dispatch_mode_stack():
+        return False
+    modes[:] = [m for m in modes if m is not mode]
+    mode.disable_()
+    return True
+
+
 def dispatch_mode_stack() -> list[Any]:
     return list(_private["dispatch_mode_stack"]())
 

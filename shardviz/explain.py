@@ -59,6 +59,17 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
             "DTensor checks the operator on the global shapes; here they are:\n" + "\n".join(drawn),
         )
         return True
+    if no_strategy and op.endswith("_scaled_dot_product_flash_attention_for_cpu"):
+        explain(
+            error,
+            f"shardviz: {op} has no sharding strategy in DTensor. Its inputs are sharded along the "
+            "sequence (context parallel): torch's context parallel shards attention through the GPU "
+            "kernels (flash, memory-efficient, cuDNN) only, and on CPU (the simulation, gloo) SDPA "
+            "runs this CPU kernel, which nothing shards along the sequence; real CPU ranks fail the "
+            "same way. Run context parallel on GPUs (sv.use('nccl', world_size=N)), or leave it out on "
+            "CPU (torchtitan: context_parallel_degree=1).\n" + "\n".join(drawn[:1]),
+        )
+        return True
     if no_strategy:
         why = f"{op} has no sharding strategy in DTensor"
     elif cause is not None:
@@ -193,6 +204,16 @@ def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseEx
             'or backend="aot_eager"; or compile with inductor on real ranks: '
             "sv.use('gloo', world_size=N).",
         )
+    if _recursed_in_local_tensor(error):
+        return explain(
+            error,
+            "shardviz: Dynamo recursed without end inside torch's LocalTensorMode while turning the "
+            "compiled region's simulated tensors into fake ones (FSDP2's parameters of a compiled "
+            "block, say): a limit of torch's LocalTensor under torch.compile, whatever the backend. "
+            "In the simulation compile blocks that FSDP2 does not shard (tensor parallel alone "
+            "compiles), or run this step uncompiled; compile it with FSDP2 on real ranks: "
+            "sv.use('gloo', world_size=N).",
+        )
     if any((c.__module__, c.__name__) == _UNSUPPORTED for c in type(error).__mro__):
         traced = msg.split("from user code:", 1)[1] if "from user code:" in msg else ""
         if OWN_DIR in traced:
@@ -216,6 +237,17 @@ def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseEx
         'ranks, try backend="eager" in the simulation (DTensor runs its ops as they come), or '
         "compile on real ranks: sv.use('gloo', world_size=N).",
     )
+
+
+def _recursed_in_local_tensor(error: BaseException) -> bool:
+    cause: BaseException | None = error
+    for _ in range(8):
+        if cause is None:
+            return False
+        if isinstance(cause, RecursionError):
+            return any("/_local_tensor/" in f for f, _, _ in _frames(cause.__traceback__))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _shapes(chunks: object) -> str | None:
