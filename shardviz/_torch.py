@@ -567,23 +567,31 @@ def _premul_factors() -> list[Any]:
 _REDUCE_OP_ARG = {"all_reduce": 1, "reduce_scatter_tensor": 2, "reduce_scatter_single": 2}
 
 
+def _called_factor() -> Any:
+    """The factor of the PREMUL_SUM collective this thread is calling (see ``_premul_factors``)."""
+    factors = _premul_factors()
+    if not factors:
+        raise NotImplementedError(
+            "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
+            f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
+            f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
+            "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
+        )
+    return factors[-1]
+
+
 def premul_factor(op: Any) -> Any:
     """The factor of a ReduceOp.PREMUL_SUM, boxed (as c10d ops receive it) or plain: a float, or
     a one-element tensor's value."""
     if isinstance(op, torch.ScriptObject):
         unbox = getattr(dist.ReduceOp, "unbox", None)
         if unbox is None:
-            factors = _premul_factors()
-            if not factors:
-                raise NotImplementedError(
-                    "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
-                    f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
-                    f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
-                    "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
-                )
-            return factors[-1]
+            return _plain_factor(_called_factor())
         op = unbox(op)
-    factor = op.factor
+    return _plain_factor(op.factor)
+
+
+def _plain_factor(factor: Any) -> Any:
     if isinstance(factor, torch.Tensor) and factor.numel() == 1:
         return factor.item()
     return factor
@@ -1016,16 +1024,32 @@ def _following_premul(name: str, original: Any) -> Any:
 def premul_sum_factors() -> Iterator[None]:
     """While the simulation runs, remember the factor of each PREMUL_SUM collective called through
     ``dist`` (FSDP2 with a gradient divide factor: ``reduce_scatter_single``) for the emulation
-    that reads it (see ``_premul_factors``)."""
+    that reads it (see ``_premul_factors``), and give LocalTensorMode's own reduction the PREMUL_SUM
+    it lacks on torch 2.13 (the simulation runs without a recorder too: ``make bench``'s baseline)."""
     if hasattr(dist.ReduceOp, "unbox"):
         yield
         return
     saved = {name: getattr(dist, name) for name in _REDUCE_OP_ARG if hasattr(dist, name)}
     for name, original in saved.items():
         setattr(dist, name, _following_premul(name, original))
+    c10d_module = importlib.import_module("torch.distributed._local_tensor._c10d")
+    local_reduce = getattr(c10d_module, "_local_reduce")  # noqa: B009 (private: not in the stubs)
+
+    @functools.wraps(local_reduce)
+    def reduce_with_premul(reduce_op: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if reduce_op != dist.ReduceOp.PREMUL_SUM and reduce_op != "premul_sum":
+            return local_reduce(reduce_op, tensors)
+        factor = _plain_factor(_called_factor())
+        out = tensors[0] * factor  # each rank's tensor scaled, summed in rank order (as recorded)
+        for t in tensors[1:]:
+            out = out + t * factor
+        return out
+
+    setattr(c10d_module, "_local_reduce", reduce_with_premul)  # noqa: B010
     try:
         yield
     finally:
+        setattr(c10d_module, "_local_reduce", local_reduce)  # noqa: B010
         for name, original in saved.items():
             setattr(dist, name, original)
 

@@ -267,3 +267,23 @@ def test_cpu_offload_trains_and_pinned_memory_is_explained_by_its_real_cause():
         fully_shard(mlp(), mesh=mesh, offload_policy=CPUOffloadPolicy())
     text = str(info.value)
     assert "real CPU ranks (gloo) as well" in text and "mixed precision" not in text
+
+
+def test_a_gradient_divide_factor_runs_in_the_simulation_without_a_recorder():
+    # ReduceOp.PREMUL_SUM(1 / factor): torch 2.13's LocalTensorMode lacks it; the simulation itself
+    # (sv.record's recorder aside) applies it, so an unrecorded step runs the same numbers.
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)
+    with sv.backends.current().simulate():
+        mesh = init_device_mesh("cpu", (4,))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh)
+            m.set_gradient_divide_factor(2.0)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    (sum(plain(b).sum() for b in batches) / 2).backward()
+    for name, p in plain.named_parameters():
+        for r, g in _torch.local_tensors(grads[name]).items():
+            torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")
