@@ -1,6 +1,9 @@
 """torchtitan's own Llama 3 code, unpatched, on 8 simulated ranks against the unsharded model in one
 process (issue 24): its model (debug config cut to 2 layers), its ``Module.parallelize`` (TP + SP)
-and ``parallelize_llama`` (FSDP2 + TP, HSDP + TP, DDP-style + TP), its cross-entropy loss.
+and ``parallelize_llama`` (FSDP2 + TP, HSDP + TP, DDP-style + TP, bf16 mixed precision, selective
+activation checkpointing, the ``full_dtensor`` backend, context parallel refused with the reason),
+its ``apply_compile`` (per-block torch.compile(fullgraph=True)), its cross-entropy loss. Its
+pipeline and its vocab-parallel loss need one thread per rank: test_torchtitan_threads.py.
 
 What the tests set themselves, none of it torchtitan's code: the attention backend (torchtitan's
 language-model default, FlexAttention, compiles its mask with inductor, which needs real storage;
