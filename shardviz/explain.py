@@ -170,7 +170,7 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
 def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseException | None:
     """FSDP2 failures whose cause is known. FSDP2 itself runs in the simulation (FSDP, HSDP,
     FSDP + TP, mixed precision, a divide factor, CPU offload without pinned memory): any other
-    error inside it is torch's own and keeps its message."""
+    error inside it is torch's own or the code's, and keeps its message as it is."""
     if "Cannot access accelerator device" in msg and any(f.endswith("/_fsdp_param.py") for f in files):
         return explain(
             error,
@@ -178,13 +178,6 @@ def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseExcep
             "default), which needs an accelerator; this machine has none, so torch raises this on "
             "real CPU ranks (gloo) as well, not only in the simulation. Pass "
             "CPUOffloadPolicy(pin_memory=False), or run on GPUs: sv.use('nccl', world_size=N).",
-        )
-    if "invalid python storage" in msg:
-        return explain(
-            error,
-            "shardviz: FSDP2 freed or allocated a simulated parameter's storage outside the "
-            "simulation: shardviz runs FSDP2 per simulated rank only inside sv.record(), sv.run() "
-            "and %%spmd cells. Call the sharded model inside one of them.",
         )
     return None
 
