@@ -171,7 +171,8 @@ def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseExcep
     """FSDP2 failures whose cause is known. FSDP2 itself runs in the simulation (FSDP, HSDP,
     FSDP + TP, mixed precision, a divide factor, CPU offload without pinned memory): any other
     error inside it is torch's own or the code's, and keeps its message as it is."""
-    if "Cannot access accelerator device" in msg and any(f.endswith("/_fsdp_param.py") for f in files):
+    no_accelerator = "Cannot access accelerator device" in msg or "Found no NVIDIA driver" in msg
+    if no_accelerator and any(f.endswith("/_fsdp_param.py") for f in files):
         return explain(
             error,
             "shardviz: FSDP2's CPU offload pins host memory (CPUOffloadPolicy(pin_memory=True), the "
@@ -195,6 +196,16 @@ def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseEx
             "tensors: it needs real tensor storage, which the simulated per-rank tensors do not "
             'have. In the simulation, compile with backend="eager" (every collective is recorded) '
             'or backend="aot_eager"; or compile with inductor on real ranks: '
+            "sv.use('gloo', world_size=N).",
+        )
+    if "missing from inner_contexts" in msg:
+        return explain(
+            error,
+            'shardviz: AOTAutograd (backend="aot_eager") could not take apart the simulated '
+            "ranks' tensors inside these DTensors (on this torch it flattens LocalTensors too, and "
+            "here it fails): a limit of torch's LocalTensor under torch.compile. Compile with "
+            'backend="eager" in the simulation (every collective is recorded), use '
+            "sv.use('threads', ...) (plain tensors on each rank), or compile on real ranks: "
             "sv.use('gloo', world_size=N).",
         )
     if _recursed_in_local_tensor(error):
