@@ -728,6 +728,69 @@ def bench_threads() -> list[Row]:
     ]
 
 
+def bench_numerics() -> list[Row]:
+    """sv.diff of the Llama step (plain-torch reference, the parallel step captured module by
+    module, full tensors assembled and compared) against recording the same parallel step alone
+    with sv.run: both build the mesh, parallelize a fresh copy, and run forward, backward and an
+    SGD step on 8 simulated ranks. Paired rounds in a shuffled (seeded) order, garbage collected
+    after every run, off the clock."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardviz.examples.llama import ModelArgs, Transformer, parallelize
+
+    torch.set_num_threads(1)
+    progress("sv.diff of the Llama step against recording the step alone")
+    sv.use("local", world_size=8)
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs())
+    tokens = torch.randint(0, 128, (2, 16))
+
+    def tp_sp(m: torch.nn.Module) -> torch.nn.Module:
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        return parallelize(m, mesh["tp"])
+
+    def step_alone() -> object:
+        twin = copy.deepcopy(model)
+
+        def step() -> object:
+            m = tp_sp(twin)
+            opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+            m(tokens).mean().backward()
+            opt.step()
+            return None
+
+        return sv.run(step)
+
+    def diff() -> object:
+        return sv.diff(model, tp_sp, tokens)
+
+    cases = {"step": step_alone, "diff": diff}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for fn in cases.values():
+        fn()  # warm up
+    order = list(cases.items())
+    for _ in range(9):
+        random.Random(len(times["step"])).shuffle(order)
+        for k, fn in order:
+            t = time.perf_counter()
+            result = fn()
+            times[k].append(time.perf_counter() - t)
+            del result
+            gc.collect()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = len(diff().rows)  # type: ignore[attr-defined]
+    return [
+        (
+            f"sv.diff of the Llama step ({rows} rows) against recording the step alone (target <= 2x)",
+            f"{med['diff'] * 1e3:.0f} ms",
+            f"{med['step'] * 1e3:.0f} ms (sv.run of the step)",
+            f"{paired(times['diff'], times['step']):.2f}x",
+        )
+    ]
+
+
 # Traits every ipywidget has (layout, tabbable, ...): not part of a view's own payload.
 _WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
 
@@ -742,6 +805,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "collectives": bench_collectives,
     "memory": bench_memory,
     "views": bench_views,
+    "numerics": bench_numerics,
 }
 
 

@@ -12,11 +12,13 @@ from .backends import device_type, restart
 from .backends import show as _backend_show
 from .backends import use as _use
 from .compare import compare
+from .diff import diff, numerics
 from .job import record_job
 from .layout import Layout, ShardInfo
 from .layout import compute as _compute_layout
 from .memory import MemoryTimeline
 from .model import ModelMap, model_map
+from .numerics import NumericsReport, StepNumerics, Tolerance
 from .pipeline import Timeline
 from .pipeline import timeline as pipeline_timeline
 from .placement import Placement
@@ -34,23 +36,28 @@ __all__ = [
     "Layout",
     "MemoryTimeline",
     "ModelMap",
+    "NumericsReport",
     "OpEvent",
     "Placement",
     "RedistributeEvent",
     "ShardInfo",
     "Source",
+    "StepNumerics",
     "TensorSnapshot",
     "Timeline",
+    "Tolerance",
     "Trace",
     "__version__",
     "compare",
     "device_type",
+    "diff",
     "export_html",
     "last_trace",
     "layout",
     "load",
     "load_ipython_extension",
     "model_map",
+    "numerics",
     "per_rank",
     "pipeline_timeline",
     "plan",
@@ -65,7 +72,17 @@ __all__ = [
 ]
 
 
-def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Trace:
+def load(
+    path: Any,
+    *,
+    allow_pickle: bool = False,
+    progress: bool = True,
+    source_root: Any = None,
+    max_member_bytes: int | str | None = None,
+    max_file_bytes: int | str | None = None,
+    max_json_bytes: int | str | None = None,
+    max_world_size: int | None = None,
+) -> Trace:
     """Open a trace: a file written by ``trace.save(path)``; a folder of per-rank files written by
     ``sv.record_job`` (merged into one trace; when ranks died, hung or diverged, the events they
     share, with ``trace.notes`` saying which rank stopped where); or PyTorch Flight Recorder dumps
@@ -74,10 +91,24 @@ def load(path: Any, *, allow_pickle: bool = False, progress: bool = True) -> Tra
     Plain JSON and numpy arrays: no code runs. Flight Recorder dumps in torch's pickle format are
     refused unless ``allow_pickle=True`` — unpickling runs whatever code the file names, so pass
     it only for files you trust. ``progress`` prints a status line when loading takes a while.
+
+    A file may come from a stranger: a bad one raises ``TraceFileError`` naming the field, and
+    what loading may cost is capped (``max_*``: bytes, or sizes such as ``"8GiB"``; defaults in
+    ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
+    source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
     from .job import load_path
+    from .limits import resolve
 
-    return load_path(path, allow_pickle=allow_pickle, progress=progress)
+    limits = resolve(
+        max_member_bytes=max_member_bytes,
+        max_file_bytes=max_file_bytes,
+        max_json_bytes=max_json_bytes,
+        max_world_size=max_world_size,
+    )
+    return load_path(
+        path, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=limits
+    )
 
 
 def use(backend: str = "local", world_size: int | None = None, **options: Any) -> None:

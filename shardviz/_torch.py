@@ -187,6 +187,81 @@ def local_of(dt: DTensor) -> torch.Tensor:
 # --- tensor internals ---------------------------------------------------------------------------
 
 
+def forget_dtensor_caches() -> None:
+    """Forget DTensor's sharding caches when a new world (process group) begins.
+
+    DTensor caches sharding propagation (in C++ and Python) and redistribute planners by specs
+    whose DeviceMesh compares by value, and the cached output specs hold the mesh they were made
+    on. After ``sv.use`` tears a simulated world down and builds another, an equal mesh of the new
+    world hits those entries and gets the old mesh back, whose group names now stand for other
+    groups of the new world: collectives then ran over the wrong ranks (a Llama's sequence
+    all-gathered over 2 ranks instead of 4, or a failed unpad check).
+    """
+    from torch.distributed.tensor import _redistribute
+
+    clears = (
+        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),  # the C++ fast path's
+        getattr(DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding, "cache_clear", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+        getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+    )
+    for clear in clears:
+        if clear is not None:
+            clear()
+
+
+def own_copies(dt: DTensor, ranks: Sequence[int]) -> bool:
+    """Give each simulated rank its own copy of a DTensor's local tensor when all ranks share one
+    plain tensor, before an op writes it; True when it did.
+
+    DTensor keeps the tensor it replicates or wraps (``distribute_tensor``'s Replicate path,
+    ``DTensor.from_local``), so under LocalTensorMode a plain tensor made outside the simulation —
+    a module's bias, a norm weight — became the local tensor of every rank at once: one storage.
+    An in-place update with per-rank values (an optimizer step on a RowwiseParallel bias or a
+    SequenceParallel norm weight) then ran once per rank on that storage and applied the update
+    world-size times. Real ranks each hold their own copy; after this, so does each simulated rank.
+    """
+    local = dt._local_tensor
+    if type(local) is not torch.Tensor or local.is_meta:
+        return False
+    with no_dispatch():
+        copies = {int(r): local.detach().clone() for r in ranks}
+    dt._local_tensor = LocalTensor(copies)
+    return True
+
+
+def parameters_per_rank(module: torch.nn.Module) -> list[str]:
+    """In the simulation, give each simulated rank its own copy of every plain parameter and
+    buffer of ``module`` (those no parallel style made a DTensor), as each real rank has; returns
+    their names. A plain tensor is one storage all simulated ranks share: once the ranks' values
+    part (gradients that differ, an update on one rank), it cannot hold what each rank would.
+    Tied parameters stay tied."""
+    mode = active_local_mode()
+    if mode is None:
+        return []
+    ranks = sorted(mode.ranks)
+    done: dict[int, torch.Tensor] = {}
+    names = []
+    for prefix, mod in module.named_modules():
+        for table in (mod._parameters, mod._buffers):
+            for name, t in list(table.items()):
+                if t is None or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_meta:
+                    continue
+                new = done.get(id(t))
+                if new is None:
+                    with no_dispatch():
+                        local = LocalTensor({r: t.detach().clone() for r in ranks})
+                    new = (
+                        torch.nn.Parameter(local, requires_grad=t.requires_grad)
+                        if table is mod._parameters
+                        else local
+                    )
+                    done[id(t)] = new
+                table[name] = new
+                names.append(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
 def version_counter(t: torch.Tensor) -> int:
     """``t``'s version counter (``Tensor._version``): every in-place write to its storage, through
     ``t`` or a view sharing its counter, bumps it; a write past dispatch (numpy) does too."""
@@ -525,6 +600,22 @@ def process_group_ranks(group: Any) -> list[int]:
 
 def process_group_desc(group: Any) -> str:
     return str(getattr(_process_group(group), "group_desc", "") or "")
+
+
+def is_default_group(group: Any) -> bool:
+    """Whether ``group`` is the default process group (which a 1-D mesh of the whole world reuses)."""
+    try:
+        world = dist.group.WORLD
+        return world is not None and process_group_key(group) == process_group_key(world)
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+
+
+# The c10d Python API between a user's ``dist.*`` call and the op a dispatch mode sees: a call
+# that passes only these (and dispatch plumbing) on its way from user code is a raw ``dist.*`` call.
+C10D_API_FILES = tuple(
+    os.path.join(TORCH_DIR, "distributed", f) for f in ("distributed_c10d.py", "c10d_logger.py")
+)
 
 
 def debug_mode_counter(delta: int) -> None:
@@ -885,6 +976,22 @@ def wait_collective(out: Any, functional: bool) -> None:
             _WAIT_TENSOR(x)
 
 
+def settled(t: Any) -> Any:
+    """A functional collective's result as a tensor: an ``AsyncCollectiveTensor``'s value (what
+    ``to_local()`` of a redistributed DTensor can hand a module); anything else as it is.
+
+    In the simulator the collective has run already and its per-rank value is read as it is; on a
+    real rank it is waited for first (a recording waits for every collective anyway).
+    """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(t, AsyncCollectiveTensor):
+        if isinstance(t.elem, LocalTensor):
+            return t.elem
+        return t.trigger_wait()
+    return t
+
+
 def fake_work() -> Any:
     """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates)."""
     from torch._C._distributed_c10d import FakeWork
@@ -1152,7 +1259,9 @@ def _compare_per_rank(name: str, original: Any) -> Any:
                     "or pick a different number on each rank; one answer for all of them would be "
                     "silently wrong. Write rank-dependent values as tensors (torch.where on "
                     "sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
-                    "rank), or run this code on real process groups: sv.use('gloo', world_size=N)."
+                    "rank), or run this code with one thread per rank, where each rank has plain "
+                    "ints: sv.use('threads', world_size=N) (or on real process groups: "
+                    "sv.use('gloo', world_size=N))."
                 )
         return original(self, other)
 

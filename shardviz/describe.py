@@ -77,8 +77,14 @@ def groups(e: CollectiveEvent) -> str:
 
 
 def collective_head(e: CollectiveEvent, root: bool = True) -> str:
-    """``all_reduce sum``, ``broadcast root=1``."""
+    """``all_reduce sum``, ``broadcast root=1``, ``send 0->1`` (a send or recv names its source and
+    destination: its recorded ``root`` is the peer's index in the pair, which reads backwards)."""
     head = e.op + (f" {e.reduce_op}" if e.reduce_op else "")
+    if e.op in ("send", "recv") and e.root in (0, 1) and e.groups and len(e.groups[0]) == 2:
+        i = 1 - e.root if e.op == "send" else e.root
+        src, dst = e.groups[0][i], e.groups[0][1 - i]
+        more = f" (+{len(e.groups) - 1} pairs)" if len(e.groups) > 1 else ""
+        return f"{head} {src}->{dst}{more}" if root else head
     return head + (f" root={e.root}" if root and e.root is not None else "")
 
 

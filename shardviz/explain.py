@@ -156,7 +156,9 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
             "In the simulation every rank runs the same Python line at once, so it cannot take a "
             "different int on each. Tensor arithmetic with it works per rank "
             "(torch.ones(2) * dist.get_rank()); for anything else write "
-            "sv.per_rank(lambda rank: x.chunk(n)[rank]), which calls your function with each rank.",
+            "sv.per_rank(lambda rank: x.chunk(n)[rank]), which calls your function with each rank; "
+            "or run the code with one thread per rank, where each rank has plain ints: "
+            "sv.use('threads', world_size=N).",
         )
     if isinstance(error, RuntimeError) and "Mesh should not be bigger than default world size" in msg:
         return explain(

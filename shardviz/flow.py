@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -277,11 +278,27 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.nanmax(np.abs(a.astype(np.complex128) - b.astype(np.complex128))))
 
 
+def _unchecked(event: CollectiveEvent) -> str:
+    """Why ``predict`` had nothing to compare, in words."""
+    if event.op == "barrier":
+        return "nothing to check: a barrier moves no data"
+    if event.op == "send":
+        return "checked at the matching recv, where the data arrives"
+    snaps = [x for s in (*event.inputs.values(), *event.outputs.values()) for x in _listed(s)]
+    if snaps and any(x.values is None for x in snaps):
+        return "not checked: values not kept (value policy)"
+    return "not checked: the recorded buffers do not say what this op should produce"
+
+
+def _listed(s: Any) -> list[Any]:
+    return list(s) if isinstance(s, list) else [s]
+
+
 def check(event: CollectiveEvent) -> FlowCheck:
     """Does the model applied to the recorded inputs reproduce the recorded outputs?"""
     pred = predict(event)
     if pred is None:
-        return FlowCheck(True, False, {}, "not checked: values not kept, or no model for this op")
+        return FlowCheck(True, False, {}, _unchecked(event))
     errors: dict[int, float] = {}
     ok = True
     n = max(event.group_size, 1)

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import re
 import select
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceFileError
+from .limits import Limits, over, read_head, resolve, short
 from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
 
 ENV_DIR = "SHARDVIZ_TRACE_DIR"
@@ -555,7 +558,7 @@ def rank_files(folder: str | Path) -> dict[int, Path]:
     out = {}
     for p in Path(folder).iterdir():
         m = _RANK_FILE.match(p.name)
-        if m:
+        if m and len(m.group(1)) <= 12:
             out[int(m.group(1))] = p
     return dict(sorted(out.items()))
 
@@ -576,40 +579,97 @@ def _progress(total: int, what: str) -> Callable[[int], None]:
     return update
 
 
-def load_job(folder: str | Path, progress: bool = True) -> Trace:
+def _job_meta(path: Path, t: Trace, rank: int, limits: Limits) -> tuple[int, int]:
+    """A rank file's own rank and world size (``trace.meta``, written by ``record_job``), checked:
+    the merge builds per-rank lists from them."""
+
+    def bad(name: str, expected: str) -> TraceFileError:
+        return TraceFileError(
+            f"{path}: field meta.{name} of trace.json: expected {expected}, got {short(t.meta.get(name))}"
+        )
+
+    r = t.meta.get("rank", rank)
+    if type(r) is not int or r < 0:
+        raise bad("rank", "the rank that wrote the file (an integer >= 0)")
+    if r >= limits.world_size:
+        raise over(str(path), "its rank", r, "world_size", limits)
+    world = t.meta.get("world_size", t.world_size)
+    if type(world) is not int or world < 1:
+        raise bad("world_size", "the job's world size (an integer >= 1)")
+    if world != t.world_size:
+        raise bad("world_size", f"the trace's world_size, {t.world_size}")
+    for name, types in (("run_id", (str,)), ("started", (int, float)), ("backend", (str,))):
+        if t.meta.get(name) is not None and type(t.meta[name]) not in types:
+            raise bad(name, "a string" if types == (str,) else "a number")
+    status = t.meta.get("status")
+    if status is not None:
+        pending = status.get("in_collective") if isinstance(status, dict) else None
+        if not isinstance(status, dict) or not isinstance(status.get("how", ""), str):
+            raise bad("status", 'how the rank ended ({"how": "finished", ...})')
+        if pending is not None and not (
+            isinstance(pending, dict)
+            and isinstance(pending.get("group", []), list)
+            and all(type(x) is int for x in pending.get("group", []))
+            and (pending.get("line") is None or type(pending.get("line")) is int)
+        ):
+            raise bad("status", 'the collective the rank was in ({"op", "group": [ranks], "line"})')
+    return r, world
+
+
+def load_job(folder: str | Path, progress: bool = True, *, limits: Limits | None = None) -> Trace:
     """Merge a job folder's per-rank traces into one trace.
 
     When the ranks did not all record the same whole run (a rank died, hung or diverged), the
     result is the common prefix, ``complete`` is False, ``trace.notes`` says which rank stopped
     where, ``trace.meta["start_event"]`` is the last event they shared (the player starts there),
-    and a ``PartialTraceWarning`` repeats the notes.
+    and a ``PartialTraceWarning`` repeats the notes. Two files claiming one rank, and files of a
+    rank beyond the world size, are named in the notes and left out.
     """
     from .merge import merge_partial
     from .trace import load
 
+    lim = limits if limits is not None else resolve()
     files = rank_files(folder)
     if not files:
         raise TraceFileError(f"{folder} holds no rank*.svtrace files (written by sv.record_job)")
     update = _progress(len(files), f"{len(files)} rank traces") if progress else (lambda done: None)
     traces: dict[int, Trace] = {}
+    sizes: dict[int, set[Path]] = {}
+    claimed: dict[int, list[Path]] = {}
     for i, (rank, f) in enumerate(files.items()):
-        t = load(f)
-        traces[int(t.meta.get("rank", rank))] = t
+        t = load(f, limits=lim)
+        r, world = _job_meta(f, t, rank, lim)
+        claimed.setdefault(r, []).append(f)
+        if r not in traces:
+            traces[r] = t
+            sizes.setdefault(world, set()).add(f)
         update(i + 1)
-    traces, skipped = _one_run(traces)
-    sizes = {int(t.meta.get("world_size", t.world_size)) for t in traces.values()}
-    if len(sizes) != 1:
-        raise TraceFileError(f"{folder}: the rank files report different world sizes {sorted(sizes)}")
-    world_size = sizes.pop()
-    extra = [r for r in traces if r >= world_size]
-    for r in extra:
+    skipped = [
+        f"rank {r} (claimed by {len(fs)} files: {', '.join(f.name for f in fs)}; read {fs[0].name})"
+        for r, fs in sorted(claimed.items())
+        if len(fs) > 1
+    ]
+    traces, other_runs = _one_run(traces)
+    skipped += other_runs
+    worlds = sorted({traces[r].world_size for r in traces})
+    if len(worlds) != 1:
+        by = "; ".join(f"{w}: {', '.join(sorted(f.name for f in sizes[w]))}" for w in worlds)
+        raise TraceFileError(f"{folder}: the rank files report different world sizes ({by})")
+    world_size = worlds[0]
+    for r in [r for r in traces if r >= world_size]:
         skipped.append(f"rank {r} (beyond the world size {world_size})")
         del traces[r]
+    if not traces:
+        raise TraceFileError(
+            f"{folder}: no rank file is of a rank within the job's world size ({world_size}); "
+            + "ignored: "
+            + ", ".join(skipped)
+        )
     first = traces[min(traces)]
     backend = str(first.meta.get("backend") or "job")
     trace = merge_partial(traces, backend, first.values, world_size=world_size)
     if skipped:
-        trace.notes.append("ignored files of another run: " + ", ".join(skipped))
+        trace.notes.append("ignored files: " + ", ".join(skipped))
     if trace.notes:
         warnings.warn(
             f"{folder}: partial trace —\n  " + "\n  ".join(trace.notes), PartialTraceWarning, stacklevel=3
@@ -626,31 +686,49 @@ def _one_run(traces: dict[int, Trace]) -> tuple[dict[int, Trace], list[str]]:
     keep = newest.meta.get("run_id") or ""
     kept = {r: t for r, t in traces.items() if (t.meta.get("run_id") or "") == keep}
     skipped = [
-        f"rank {r} ({t.meta.get('run_id') or 'no run id'})" for r, t in traces.items() if r not in kept
+        f"rank {r} (of another run: {t.meta.get('run_id') or 'no run id'})"
+        for r, t in traces.items()
+        if r not in kept
     ]
     return kept, skipped
 
 
-def load_path(path: str | Path, allow_pickle: bool = False, progress: bool = True) -> Trace:
+def load_path(
+    path: str | Path,
+    allow_pickle: bool = False,
+    progress: bool = True,
+    *,
+    source_root: str | Path | None = None,
+    limits: Limits | None = None,
+) -> Trace:
     """What ``sv.load`` opens: a trace file, a job folder, a Flight Recorder dump or a folder of
-    them (see ``shardviz.flight``)."""
+    them (see ``shardviz.flight``), with every size capped (``limits``, default
+    ``shardviz.limits.resolve()``). ``source_root`` is where Flight Recorder stacks' source lines
+    may be read from (nowhere without it)."""
     from . import flight
     from .trace import load
 
+    lim = limits if limits is not None else resolve()
     p = Path(path)
     if p.is_dir():
         if rank_files(p):
-            return load_job(p, progress=progress)
-        if flight.dump_files(p):
-            return flight.load(p, allow_pickle=allow_pickle, progress=progress)
+            return load_job(p, progress=progress, limits=lim)
+        if flight.dump_candidates(p):
+            return flight.load(
+                p, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
+            )
         raise TraceFileError(
             f"{p} holds neither rank*.svtrace files (sv.record_job) nor Flight Recorder dumps"
         )
     if not p.exists():
-        raise FileNotFoundError(p)
-    head = p.read_bytes()[:4]
+        raise FileNotFoundError(errno.ENOENT, "no such file or folder", str(p))
+    if not stat.S_ISREG(p.stat().st_mode):
+        raise TraceFileError(f"{p} is not a regular file (a device or a pipe): not a trace or a dump")
+    head = read_head(p, 4)
     if head[:2] == b"PK":
-        return load(p)
+        return load(p, limits=lim)
     if flight.looks_like_dump(head):
-        return flight.load([p], allow_pickle=allow_pickle, progress=progress)
-    return load(p)  # its own clear error
+        return flight.load(
+            [p], allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
+        )
+    return load(p, limits=lim)  # its own clear error

@@ -84,7 +84,9 @@ class Layout:
         return self.groups or (self.mesh_ranks or self.ranks,)
 
     def group_layout(self, group: int) -> Layout:
-        """The Layout of one instance of a sub-mesh alone (this layout itself when there is one)."""
+        """The Layout of one instance of a sub-mesh alone (this layout itself when there is one):
+        a mesh that exists once, so its shards are of group 0, as in any whole-world layout (and
+        ``to_dict`` / ``from_dict`` give it back equal)."""
         if not self.groups:
             if group != 0:
                 raise IndexError(f"group {group}: this layout's mesh exists once (group 0)")
@@ -97,7 +99,7 @@ class Layout:
             mesh_shape=self.mesh_shape,
             mesh_dim_names=self.mesh_dim_names,
             placements=self.placements,
-            shards=tuple(s for s in self.shards if s.group == group),
+            shards=tuple(dataclasses.replace(s, group=0) for s in self.shards if s.group == group),
             mesh_ranks=self.groups[group],
         )
 

@@ -138,6 +138,8 @@ def _merge_collective(
     dim, name = _mesh.find_dim(groups, candidates, hint)
     if dim is None and name is None:
         dim, name = first.mesh_dim, first.mesh_dim_name
+    if all(e.params.get(_mesh.DEFAULT_GROUP) for e in per_rank.values()):
+        dim, name = None, None  # a raw dist.* call on the default group, as in the simulator
     return dataclasses.replace(
         first,
         groups=groups,
@@ -228,7 +230,7 @@ def merge_partial(
         raise ValueError("merge_partial needs at least one rank's trace")
     ranks = sorted(traces)
     world_size = world_size or max(t.world_size for t in traces.values())
-    absent = [r for r in range(world_size) if r not in traces]
+    absent = _absent_runs(ranks, world_size)
     events = {r: traces[r].events for r in ranks}
     n = common_prefix(events)
     same_length = len({len(e) for e in events.values()}) == 1
@@ -272,7 +274,7 @@ def _truncated(trace: Trace, n: int) -> Trace:
     return t
 
 
-def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[int]) -> list[str]:
+def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[tuple[int, int]]) -> list[str]:
     ranks = sorted(traces)
     events = {r: traces[r].events for r in ranks}
     last = f"event #{n - 1} ({describe.brief(events[ranks[0]][n - 1])})" if n else "no event"
@@ -308,11 +310,21 @@ def _partial_report(traces: Mapping[int, Trace], n: int, absent: Sequence[int]) 
         )
     if len(went_on) > 1:
         lines.append(f"the ranks that went on disagree at #{n}: code that branches on the rank")
-    for r in absent:
-        lines.append(
-            f"rank {r}: no trace (it died before shardviz wrote its file, or never started recording)"
-        )
+    for lo, hi in absent:
+        who = f"rank {lo}" if lo == hi else f"ranks {lo}-{hi}"
+        lines.append(f"{who}: no trace (it died before shardviz wrote its file, or never started recording)")
     return lines
+
+
+def _absent_runs(ranks: Sequence[int], world_size: int) -> list[tuple[int, int]]:
+    """The ranks below ``world_size`` missing from the sorted ``ranks``, as (first, last) runs: one
+    line per run however large the world."""
+    out, start = [], 0
+    for r in [*(r for r in ranks if r < world_size), world_size]:
+        if r > start:
+            out.append((start, r - 1))
+        start = max(start, r + 1)
+    return out
 
 
 def _events(n: int) -> str:

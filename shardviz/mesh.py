@@ -126,6 +126,12 @@ def find_dim(
     return None, name if name and not name.startswith("dim_") else None
 
 
+# The params key of a collective that user code called on the default process group (a raw
+# ``dist.*`` call, no group or the world's): it ran on no mesh dim, even where a 1-D mesh of the
+# whole world exists (torch gives that mesh the default group, so the groups alone cannot tell).
+DEFAULT_GROUP = "default_group"
+
+
 def group_dim_name(desc: str) -> str | None:
     """The mesh dim name in a process group's description: a DeviceMesh names the group of its dim
     ``tp`` ``mesh_tp``; ``mesh_default`` is the world's, not a dim's."""

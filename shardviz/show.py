@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .model import ModelMap
     from .views.memory_svg import MemoryView
     from .views.model_view import ModelWidget
+    from .views.numerics_view import NumericsWidget
     from .views.pipeline_svg import TimelineView
     from .views.player import PlayerWidget
     from .views.widgets import LayoutWidget
@@ -35,12 +36,14 @@ if TYPE_CHECKING:
 _ACCEPTS = "a DTensor, a LocalTensor, or a Layout (from sv.layout)"
 _VIEW_OPTIONS = ("dims", "index", "heatmap", "title", "group")
 _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
-_PLAYER_OPTIONS = ("step", "link", "local_steps", "title")
+_PLAYER_OPTIONS = ("step", "link", "local_steps", "title", "filter")
 _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
 
 
-def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget | TimelineView | MemoryView:
+def show(
+    obj: Any, **options: Any
+) -> LayoutWidget | PlayerWidget | ModelWidget | NumericsWidget | TimelineView | MemoryView:
     """The layout view of a DTensor, a LocalTensor or a Layout, or the collective player of a
     Trace (or of one event), as a notebook widget.
 
@@ -51,11 +54,15 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget 
     drawn as its model map: options ``optimizer``, ``world_size``, ``rank``, ``selected`` (a
     tensor's name: its layout opens), ``title``. A pipeline Timeline (``sv.pipeline_timeline``)
     is drawn as its lanes, and a MemoryTimeline (``trace.memory``) as live bytes per rank (SVG;
-    option ``title``).
+    option ``title``). A NumericsReport (``sv.diff``) is its module tree coloured by error, a
+    row's layout with its per-element error (options ``selected``, a row index, and ``title``).
     """
     timeline = _timeline_view(obj, "sv.show", options)
     if timeline is not None:
         return timeline
+    numerics = _numerics_widget(obj, "sv.show", options)
+    if numerics is not None:
+        return numerics
     if isinstance(obj, Trace | Event):
         return _player(obj, "sv.show", options)
     if _is_model(obj):
@@ -67,9 +74,11 @@ def show(obj: Any, **options: Any) -> LayoutWidget | PlayerWidget | ModelWidget 
 def play(trace: Any, **options: Any) -> PlayerWidget:
     """The collective player: steps through a trace's collectives and redistributes.
 
-    Options: ``step`` (start position, from 0; the widget's ``step`` trait follows the view),
-    ``link`` (cost preset: "nvlink4", "pcie5", "ib-ndr", ...), ``local_steps=True`` (local compute
-    on to_local() shards becomes a step too), ``title``. An event alone plays as a one-step trace.
+    Options: ``step`` (start position, from 0; the widget's ``step`` trait follows the view; by
+    default the training step's first collective), ``link`` (cost preset: "nvlink4", "pcie5",
+    "ib-ndr", ...), ``local_steps=True`` (local compute on to_local() shards becomes a step too),
+    ``title``, ``filter`` (``{"phase", "module", "mesh_dim", "all_ops"}``: the steps and timeline
+    rows shown). An event alone plays as a one-step trace.
     """
     return _player(trace, "sv.play", options)
 
@@ -99,6 +108,11 @@ def plot(obj: Any, **options: Any) -> Figure:
     from .pipeline import Timeline
     from .views.mpl import plot_event, plot_layout, plot_trace
 
+    if _is_numerics(obj):
+        from .views.numerics_mpl import plot_numerics
+
+        _check_options("sv.plot", options, ("title",))
+        return plot_numerics(obj, **options)
     if isinstance(obj, MemoryTimeline):
         from .views.memory_mpl import plot_memory
 
@@ -143,6 +157,12 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
     if timeline is not None:
         return timeline.export_html(path)
     budget = options.pop("values_budget", EXPORT_VALUES_BUDGET)
+    numerics = _numerics_widget(obj, "sv.export_html", options)
+    if numerics is not None:
+        try:
+            return numerics.export_html(path, values_budget=budget)
+        finally:
+            numerics.close()
     if isinstance(obj, Trace | Event):
         player = _player(obj, "sv.export_html", options)
         try:
@@ -179,6 +199,22 @@ def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView 
 
     _check_options(who, options, ("title",))
     return TimelineView(obj, **options)
+
+
+def _is_numerics(obj: Any) -> bool:
+    from .numerics import NumericsReport
+
+    return isinstance(obj, NumericsReport)
+
+
+def _numerics_widget(obj: Any, who: str, options: dict[str, Any]) -> NumericsWidget | None:
+    """A NumericsReport (``sv.diff``): its module tree coloured by error (``selected``, ``title``)."""
+    if not _is_numerics(obj):
+        return None
+    from .views.numerics_view import NumericsWidget
+
+    _check_options(who, options, ("selected", "title"))
+    return NumericsWidget(obj, **options)
 
 
 # ---- torch -> plain data ------------------------------------------------------------------------

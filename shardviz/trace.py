@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import TraceFileError
 from .layout import Layout
 
 if TYPE_CHECKING:
+    from .limits import Limits
     from .memory import MemoryTimeline
 
 FORMAT = "shardviz-trace"
@@ -307,6 +307,13 @@ class Trace:
         return (
             self.world_size == other.world_size
             and self.backend == other.backend
+            and self.values == other.values
+            and self.complete == other.complete
+            and self.values_dropped_from == other.values_dropped_from
+            and self.meshes == other.meshes
+            and self.notes == other.notes
+            and self.meta == other.meta
+            and self.memory == other.memory
             and self.events == other.events
             and _results_eq(self.results, other.results)
         )
@@ -409,7 +416,8 @@ class _Writer:
         key = self._keys.get(id(a))
         if key is None:
             key = f"a{len(self.arrays)}"
-            self.arrays[key] = np.ascontiguousarray(a)
+            # ascontiguousarray makes a 0-d array 1-d: a scalar must come back a scalar
+            self.arrays[key] = np.ascontiguousarray(a).reshape(a.shape)
             self._keys[id(a)] = key
         return key
 
@@ -534,124 +542,9 @@ def _encode_result(value: Any, w: _Writer) -> dict[str, Any] | None:
     return None
 
 
-def load(path: str | Path) -> Trace:
-    """Read a trace written by ``trace.save``; no pickle, no code runs."""
-    path = Path(path)
-    try:
-        z = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise
-    except (zipfile.BadZipFile, OSError) as e:
-        raise TraceFileError(f"{path} is not a shardviz trace (not a zip archive: {e})") from None
-    with z:
-        try:
-            doc = json.loads(z.read("trace.json"))
-        except KeyError:
-            raise TraceFileError(f"{path} is not a shardviz trace (no trace.json inside)") from None
-        except (zipfile.BadZipFile, ValueError, OSError) as e:
-            raise TraceFileError(f"{path} is damaged: its trace.json cannot be read ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise TraceFileError(f"{path} is not a shardviz trace (format {doc.get('format')!r})")
-        version = doc.get("version")
-        if not isinstance(version, int) or version > VERSION:
-            raise TraceFileError(
-                f"{path} was written by a newer shardviz (trace format {version}; this shardviz reads "
-                f"up to {VERSION}): upgrade shardviz to open it"
-            )
+def load(path: str | Path, *, limits: Limits | None = None) -> Trace:
+    """Read a trace written by ``trace.save``: no pickle, no code runs, every size capped and every
+    field checked (``shardviz.trace_file``); a bad file is a ``TraceFileError``."""
+    from .trace_file import load_trace
 
-        arrays: dict[str, np.ndarray] = {}
-
-        def array(key: str) -> np.ndarray:
-            if key in arrays:  # shared between snapshots when saved: shared again
-                return arrays[key]
-            try:
-                arrays[key] = np.lib.format.read_array(
-                    io.BytesIO(z.read(f"arrays/{key}.npy")), allow_pickle=False
-                )
-                return arrays[key]
-            except KeyError:
-                raise TraceFileError(f"{path} is damaged: array {key} is missing") from None
-            except (ValueError, zipfile.BadZipFile, OSError) as e:
-                raise TraceFileError(f"{path} is damaged: array {key} cannot be read ({e})") from None
-
-        try:
-            trace = Trace(int(doc["world_size"]), doc["backend"], doc["values"])
-            trace.values_dropped_from = doc.get("values_dropped_from")
-            trace.complete = bool(doc.get("complete", True))
-            trace.meshes = list(doc.get("meshes") or [])
-            trace.notes = [str(n) for n in doc.get("notes") or []]
-            trace.meta = dict(doc.get("meta") or {})
-            if doc.get("memory") is not None:
-                from .memory import MemoryTimeline
-
-                trace.memory = MemoryTimeline.from_dict(doc["memory"], array)
-            trace.events = [_decode_event(e, array) for e in doc["events"]]
-            if doc.get("results") is not None:
-                trace.results = {int(k): _decode_result(v, array) for k, v in doc["results"].items()}
-        except TraceFileError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise TraceFileError(f"{path} is damaged: {type(e).__name__}: {e}") from None
-    return trace
-
-
-def _decode_snapshot(d: dict[str, Any], array: Any) -> TensorSnapshot:
-    return TensorSnapshot(
-        shape=tuple(d["shape"]),
-        dtype=d["dtype"],
-        values=array(d["values"]) if d["values"] is not None else None,
-    )
-
-
-def _decode_per_rank(d: dict[str, Any], array: Any) -> PerRank:
-    out: PerRank = {}
-    for k, v in d.items():
-        out[int(k)] = (
-            [_decode_snapshot(s, array) for s in v] if isinstance(v, list) else _decode_snapshot(v, array)
-        )
-    return out
-
-
-def _tuplify(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_tuplify(x) for x in v)
-    return v
-
-
-def _decode_event(d: dict[str, Any], array: Any) -> Event:
-    cls = EVENT_TYPES.get(d.get("kind", ""))
-    if cls is None:
-        raise TraceFileError(f"unknown event kind {d.get('kind')!r}")
-    kwargs: dict[str, Any] = {}
-    for f in fields(cls):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if f.name in ("inputs", "outputs"):
-            v = _decode_per_rank(v, array)
-        elif f.name == "nbytes":
-            v = {int(k): int(n) for k, n in v.items()}
-        elif f.name == "source" and v is not None:
-            v = Source(v["file"], int(v["line"]), v["text"])
-        elif f.name in ("before", "after") and v is not None:
-            v = Layout.from_dict(v)
-        elif isinstance(v, list):
-            v = _tuplify(v)
-        kwargs[f.name] = v
-    return cls(**kwargs)
-
-
-def _decode_result(d: dict[str, Any], array: Any) -> Any:
-    if "json" in d:
-        return d["json"]
-    if "tuple" in d:
-        return tuple(_decode_result(v, array) for v in d["tuple"])
-    if "list" in d:
-        return [_decode_result(v, array) for v in d["list"]]
-    if "dict" in d:
-        return {k: _decode_result(v, array) for k, v in d["dict"].items()}
-    import torch
-
-    values = array(d["tensor"])
-    dtype = getattr(torch, d["dtype"])
-    return torch.from_numpy(values.copy()).to(dtype)
+    return load_trace(path, limits=limits)

@@ -59,6 +59,7 @@ class LocalBackend:
                     f"sv.use('local', world_size={size}) if it is a fake group."
                 )
         dist.init_process_group("fake", rank=0, world_size=self.world_size)
+        _torch.forget_dtensor_caches()  # a new world: DTensor's caches hold the old one's meshes
         self._owns_pg = True
 
     @contextlib.contextmanager

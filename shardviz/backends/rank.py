@@ -628,8 +628,28 @@ def run_fn(
     for name, f in env.get("functions", {}).items():
         g[name] = _rebind(f, g)
     fn = _rebind(fn, g) if isinstance(fn, types.FunctionType) else fn
+    seen: set[int] = set()
+    for f in (fn, *(g[name] for name in env.get("functions", {}))):
+        _rebind_closure(f, g, seen)
     filename = fn.__code__.co_filename if isinstance(fn, types.FunctionType) else ""
     return _recorded(lambda: fn(*args, **kwargs), values, filename)
+
+
+def _rebind_closure(f: Any, g: dict[str, Any], seen: set[int]) -> None:
+    """The functions ``f`` holds in its closure (a helper or a lambda it was given), sent by code
+    as ``f`` was: bound to the same globals, so that they see the client's imports too."""
+    if not isinstance(f, types.FunctionType) or id(f) in seen or not f.__closure__:
+        return
+    seen.add(id(f))
+    for cell in f.__closure__:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
+            value = _rebind(value, g)
+            cell.cell_contents = value
+        _rebind_closure(value, g, seen)
 
 
 def _rebind(f: Any, g: dict[str, Any]) -> Any:

@@ -10,12 +10,13 @@
 """
 
 from .c10d import PlainTensorCollectiveError
-from .mode import Recorder, mesh_dim
+from .mode import Recorder, SharedLocalWriteError, mesh_dim
 from .snapshot import ValueBudget, split_per_rank, to_numpy
 
 __all__ = [
     "PlainTensorCollectiveError",
     "Recorder",
+    "SharedLocalWriteError",
     "ValueBudget",
     "mesh_dim",
     "split_per_rank",

@@ -51,23 +51,27 @@ LIBRARY_DIRS = _library_dirs()
 # PYTHONPATH pointing into another one).
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
-# What a frame's code is: a bit set.
-_USER, _LIBRARY, _DISPATCH, _MESH, _FSDP, _FSDP_BACKWARD, _MODULE_CALL = 0, 1, 2, 4, 8, 16, 32
+# What a frame's code is: a bit set. _ON_BEHALF: torch code other than the c10d Python API and
+# dispatch plumbing (which a raw dist.* call passes through): DTensor, FSDP, pipelining calling
+# collectives on the user's behalf.
+_USER, _LIBRARY, _DISPATCH, _MESH, _FSDP, _ON_BEHALF, _FSDP_BACKWARD, _MODULE_CALL = 0, 1, 2, 4, 8, 16, 32, 64
 
 
 class Found:
     """What the walk to the user's line passed on its way, as asked for: the module whose FSDP2
     parameter group is running (``fsdp``: what it issues belongs to it) and whether that is its
-    backward; the innermost module being called (``modules``: a compiled module's own hooks do
-    not run outside its compiled code)."""
+    backward; the innermost module being called (``called``: a compiled module's own hooks do not
+    run outside its compiled code); whether torch code other than the c10d API is on the way
+    (``on_behalf``: DTensor, FSDP or pipelining communicating for the user)."""
 
-    __slots__ = ("called", "fsdp", "fsdp_backward", "look_for_call")
+    __slots__ = ("called", "fsdp", "fsdp_backward", "look_for_call", "on_behalf")
 
     def __init__(self, look_for_call: bool = False) -> None:
         self.fsdp: Any = None
         self.fsdp_backward = False
         self.called: Any = None
         self.look_for_call = look_for_call
+        self.on_behalf = False
 
 
 def user_frame(
@@ -78,8 +82,9 @@ def user_frame(
 
     With ``meshes``, DeviceMeshes held by torch's frames on the way (``distribute_tensor``'s
     ``device_mesh``, a redistribute's ``mesh``) are collected: they name the mesh dims. With
-    ``found``, the FSDP2 parameter group and the module call on the way (see ``Found``).
-    All come from frames this walk passes anyway, so an event costs no second walk.
+    ``found``, the FSDP2 parameter group, the module call and torch code communicating on the
+    user's behalf on the way (see ``Found``). All come from frames this walk passes anyway, so an
+    event costs no second walk.
     """
     in_dispatch = False
     while frame is not None:
@@ -93,6 +98,8 @@ def user_frame(
             if m is not None:
                 meshes.append(m)
         if found is not None and kind > _MESH | _DISPATCH | _LIBRARY:
+            if kind & _ON_BEHALF:
+                found.on_behalf = True
             if kind & _FSDP and found.fsdp is None:
                 found.fsdp = _torch.fsdp_owner(frame)  # only for the innermost parameter group
             if kind & _FSDP_BACKWARD:
@@ -119,6 +126,8 @@ def _code_kind(code: Any) -> int:
                 kind |= _FSDP_BACKWARD
         elif code is _torch.MODULE_CALL_CODE:
             kind |= _MODULE_CALL
+        if fn not in _torch.C10D_API_FILES and fn not in _torch.DISPATCH_PLUMBING:
+            kind |= _ON_BEHALF
         if _torch.may_hold_mesh(code):
             kind |= _MESH
     elif is_library_file(fn) or _torch.is_compiled_code(code):

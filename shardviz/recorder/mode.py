@@ -20,7 +20,7 @@ import torch
 
 from .. import _torch
 from .. import mesh as _mesh
-from ..errors import PerRankValueError
+from ..errors import PerRankValueError, ShardvizError
 from ..trace import (
     CollectiveEvent,
     Event,
@@ -32,7 +32,7 @@ from ..trace import (
 )
 from . import c10d, caches, frames
 from . import redistribute as _redistribute
-from .snapshot import Snapshots, ValueBudget, flatten, nbytes, present_ranks, tensors, written
+from .snapshot import Snapshots, ValueBudget, flatten, nbytes, present_ranks, same_bits, tensors, written
 from .specs import COLLECTIVES, METADATA_OPS, Spec, op_name, params, reduce_name
 
 
@@ -57,6 +57,67 @@ _AOT_NOTE = (
     'backend="eager" (DTensor then runs its ops as they come), run that code uncompiled, or use '
     "sv.use('threads', ...)."
 )
+
+
+class SharedLocalWriteError(ShardvizError, RuntimeError):
+    """Per-rank values that differ written in place into a tensor every simulated rank shares."""
+
+
+def shared_write(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """Run an op that writes per-rank values (LocalTensors) into plain tensors, as real ranks would.
+
+    A plain tensor made outside the simulation (a module's parameter or buffer that no parallel
+    style touched, the ``to_local()`` of a DTensor made from one) is one storage that every
+    simulated rank shares; LocalTensorMode runs such a write once per rank on it, so an optimizer
+    step on a plain parameter was applied world-size times. When every rank writes the same
+    values, the write runs once, which is what each real rank does to its own copy. When the
+    ranks' values differ, no single tensor can hold what each rank would: an explained error.
+    Returns ``NOT_SHARED`` when the op is not such a write.
+    """
+    written_args = written(func)
+    if not written_args:
+        return NOT_SHARED
+    targets = [
+        t
+        for i, name in written_args
+        for t in flatten(args[i] if i < len(args) else kwargs.get(name))
+        if isinstance(t, torch.Tensor)
+    ]
+    if not targets or any(_torch.is_local_tensor(t) for t in targets):
+        return NOT_SHARED
+    per_rank = [a for a in flatten((args, kwargs)) if _torch.is_local_tensor(a)]
+    if not per_rank:
+        return NOT_SHARED  # the same values for every rank: one storage holds them, one write is right
+    firsts: dict[int, torch.Tensor] = {}
+    with _torch.no_dispatch():
+        for lt in per_rank:
+            values = list((_torch.local_tensors(lt) or {}).values())
+            if any(not same_bits(values[0], v) for v in values[1:]):
+                raise SharedLocalWriteError(
+                    f"{op_name(func)} writes per-rank values that differ between ranks in place into a "
+                    "tensor that every simulated rank shares: a tensor made outside the simulation (a plain "
+                    "module parameter or buffer, or the to_local() of a DTensor made from one), which no "
+                    "single tensor can hold per rank; on real ranks each rank has its own copy. Make it per "
+                    "rank: distribute the parameter (a DTensor), write through the DTensor (an in-place "
+                    "DTensor op gives each simulated rank its own copy first), or build the tensor inside "
+                    "sv.record() or with sv.per_rank(...)."
+                )
+            firsts[id(lt)] = values[0]
+        return func(*_first_rank(args, firsts), **_first_rank(kwargs, firsts))
+
+
+NOT_SHARED = object()
+
+
+def _first_rank(x: Any, firsts: dict[int, torch.Tensor]) -> Any:
+    """``x`` with each LocalTensor replaced by its first rank's tensor (all ranks hold the same)."""
+    if isinstance(x, torch.Tensor):
+        return firsts.get(id(x), x)
+    if isinstance(x, list | tuple):
+        return type(x)(_first_rank(v, firsts) for v in x)
+    if isinstance(x, dict):
+        return {k: _first_rank(v, firsts) for k, v in x.items()}
+    return x
 
 
 class Recorder(_torch.DebugMode):
@@ -98,6 +159,8 @@ class Recorder(_torch.DebugMode):
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
         self._aot_lines: list[str] = []  # where graphs of backend="aot_eager" ran unseen
         self._aot_note = ""
+        self._kept_count = 0  # kept_so_far's progress through the slots
+        self._kept_scan = 0
 
     @property
     def budget(self) -> ValueBudget:
@@ -176,13 +239,13 @@ class Recorder(_torch.DebugMode):
             or func in METADATA_OPS
             or not frames.called_by_user(sys._getframe(1))
         ):
-            return func(*args, **kwargs)
+            return self._plain(func, args, kwargs)
         eid = self._reserve()
         source, module, phase, _ = self._context()
         ranks = [self.rank] if self.rank is not None else present_ranks(inputs, self.world_size)
         # An input the op writes is copied now: an alias would show it after the write.
         snaps_in = self.snaps.take(inputs, ranks, eid, alias=not written(func)) if inputs else {}
-        out = func(*args, **kwargs)
+        out = self._plain(func, args, kwargs)
         self._track(out)
         self._end(
             LocalEvent(
@@ -311,8 +374,17 @@ class Recorder(_torch.DebugMode):
                 return self._per_rank_scalar(func, args, kwargs or {})
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
-            return func(*args, **(kwargs or {}))
+            return self._plain(func, args, kwargs or {})
         return self._collective(entry, func, args, kwargs or {})
+
+    def _plain(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A local op: on to LocalTensorMode, unless it writes per-rank values into a plain tensor
+        all simulated ranks share (``shared_write``)."""
+        if self.rank is None and written(func):
+            out = shared_write(func, args, kwargs)
+            if out is not NOT_SHARED:
+                return out
+        return func(*args, **kwargs)
 
     def _per_rank_scalar(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """Plain tensors met a per-rank int (``tokens - dist.get_rank(group) * n``). LocalTensorMode
@@ -347,9 +419,13 @@ class Recorder(_torch.DebugMode):
             return self._current_op
         return None
 
-    def _context(self, meshes: list[Any] | None = None) -> tuple[Source | None, str | None, str | None, bool]:
+    def _context(
+        self, meshes: list[Any] | None = None, on_behalf: list[bool] | None = None
+    ) -> tuple[Source | None, str | None, str | None, bool]:
         found = frames.Found(look_for_call=self.modules.compiled)
         frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, found)
+        if on_behalf is not None and found.on_behalf:
+            on_behalf.append(True)
         module = self.modules.current(found.fsdp, found.called)
         # FSDP2's backward methods are the backward wherever they run: a pipeline schedule calls
         # post_backward (the gradients' reduce-scatter) itself, outside the autograd engine.
@@ -363,6 +439,8 @@ class Recorder(_torch.DebugMode):
         flat = [a for a in flatten((args, kwargs)) if _torch.is_dtensor(a)]
         for a in flat:
             self._note_mesh(a.device_mesh)
+        if self.rank is None and written(func):
+            self._own_copies(func, args, kwargs)
         inputs = tuple(_torch.placements_str(a.placements) for a in flat)
         self._current_op = eid
         self._in_dtensor_op = True
@@ -387,6 +465,15 @@ class Recorder(_torch.DebugMode):
         )
         return out
 
+    def _own_copies(self, func: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        """A DTensor the op writes whose local tensor every simulated rank shares (a plain tensor
+        it was made from) gets one copy per rank first, as on real ranks (``_torch.own_copies``)."""
+        for i, name in written(func):
+            target = args[i] if i < len(args) else kwargs.get(name)
+            for t in flatten(target):
+                if _torch.is_dtensor(t):
+                    _torch.own_copies(t, range(self.world_size))
+
     def _collective(
         self, entry: tuple[Spec, str, list[str]], func: Any, args: Any, kwargs: dict[str, Any]
     ) -> Any:
@@ -403,16 +490,20 @@ class Recorder(_torch.DebugMode):
         # The mesh a collective runs on, from torch's frames (distribute_tensor's device_mesh, a
         # redistribute's mesh): several live meshes can have the same groups, and it names them.
         parent: int | None
+        meshes: list[Any] = []
+        on_behalf: list[bool] = []
         if self._stack:
             # Inside a redistribute, which has already found the user's line and noted the mesh.
             top = self._stack[-1]
             parent, source, module, phase = top.id, top.source, top.module, top.phase
         else:
-            meshes: list[Any] = []
-            source, module, phase, in_dispatch = self._context(meshes)
+            source, module, phase, in_dispatch = self._context(meshes, on_behalf)
             for m in meshes:
                 self._note_mesh(m)
             parent = self._parent(in_dispatch)
+        # A dist.* call straight from user code on the default group: no mesh dim, even where a
+        # 1-D mesh of the whole world (which reuses the default group) exists.
+        raw = not self._stack and parent is None and not meshes and not on_behalf
 
         in_arg = bound.get(spec.inputs) if spec.inputs else None
         out_arg = bound.get(spec.outputs) if spec.outputs and spec.outputs != "return" else None
@@ -491,6 +582,9 @@ class Recorder(_torch.DebugMode):
             params=params(bound, spec),
         )
         self._group_desc[id(event)] = desc
+        if raw and _torch.is_default_group(group):
+            # on the default group straight from user code: no mesh dim (merges keep it so too)
+            event.params[_mesh.DEFAULT_GROUP] = True
         self._end(event)
         return out
 
@@ -541,6 +635,28 @@ class Recorder(_torch.DebugMode):
         """Whether every event begun has ended (a rank killed inside a collective has one open)."""
         return all(s is not None for s in self._slots)
 
+    def kept_so_far(self) -> int:
+        """The id the next event will have in the finished trace: every event with a smaller id
+        has run. Lets code that watches a recording (``sv.diff``'s capture) say which events came
+        before a point of the program, in the ids the trace will show. Incremental: each slot is
+        looked at once, from the first one still open on."""
+        n, i, slots = self._kept_count, self._kept_scan, self._slots
+        while i < len(slots):
+            slot = slots[i]
+            if slot is None:
+                break
+            if not self._dropped(slot):
+                n += 1
+            i += 1
+        self._kept_count, self._kept_scan = n, i
+        return n
+
+    def _dropped(self, slot: Event) -> bool:
+        """A no-op redistribute with nothing inside (a backward's hop): not shown in the trace."""
+        return (
+            isinstance(slot, RedistributeEvent) and slot.src == slot.dst and slot.id not in self._has_children
+        )
+
     def _kept(self, stop_at_open: bool) -> tuple[list[Event], dict[int, int]]:
         """The events a trace shows, in execution order, and their final ids by provisional id:
         no-op redistributes with nothing inside are dropped (a backward's hops), and with
@@ -552,11 +668,7 @@ class Recorder(_torch.DebugMode):
                 if stop_at_open:
                     break
                 continue
-            if (
-                isinstance(slot, RedistributeEvent)
-                and slot.src == slot.dst
-                and slot.id not in self._has_children
-            ):
+            if self._dropped(slot):
                 continue
             renumber[slot.id] = len(kept)
             kept.append(slot)
@@ -601,13 +713,21 @@ class Recorder(_torch.DebugMode):
                 hit = dims.get(key)
                 if hit is None:
                     hit = dims[key] = mesh_dim(e.groups, desc, own, generation)
-                dim, name = hit
+                dim, name = hit if not e.params.get(_mesh.DEFAULT_GROUP) else (None, None)
                 object.__setattr__(e, "mesh_dim", dim)
                 object.__setattr__(e, "mesh_dim_name", name)
         self.trace.events = kept
         dropped_from = self._dropped_from(renumber)
         if dropped_from is not None:
             self.trace.values_dropped_from = dropped_from
+
+
+def active() -> Recorder | None:
+    """The recorder of the recording running in this thread (innermost), or None."""
+    for mode in reversed(_torch.dispatch_mode_stack()):
+        if isinstance(mode, Recorder):
+            return mode
+    return None
 
 
 @caches.memo(maxsize=1024)

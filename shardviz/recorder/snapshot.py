@@ -214,10 +214,10 @@ _TORCH_WORDS = {np.uint8: torch.uint8, np.int16: torch.int16, np.int32: torch.in
 
 
 def _same_buffers(a: list[Any], b: list[Any]) -> bool:
-    return all(_same_bits(x, y) for x, y in zip(a, b, strict=True))
+    return all(same_bits(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _same_bits(x: Any, y: Any) -> bool:
+def same_bits(x: Any, y: Any) -> bool:
     """Whether two tensors hold the same bytes: a snapshot of one stands for the other.
 
     Compared as integer words, so NaNs match themselves and -0.0 is told apart from 0.0, as a

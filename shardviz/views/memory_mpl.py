@@ -3,15 +3,11 @@ same curve, each peak marked."""
 
 from __future__ import annotations
 
-from matplotlib.figure import Figure
-
 from ..memory import MemoryTimeline
 from ..model import short_bytes
 from .geometry import rank_list
-from .memory_svg import MAX_LINES, curves
-from .mpl import literal_text
-
-_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
+from .memory_svg import COLOURS, MAX_LINES, curves
+from .mpl import Figure, literal_text
 
 
 @literal_text
@@ -21,7 +17,7 @@ def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
     xs = range(len(m.events))
     shown = curves(m)
     for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
-        color = _COLORS[k % len(_COLORS)]
+        color = COLOURS[k % len(COLOURS)]
         (line,) = ax.plot(xs, values, color=color, linewidth=1.2, label=f"rank {rank_list(ranks)}")
         line.set_gid(f"memory-{ranks[0]}")
         at = m.peak_event[ranks[0]]

@@ -19,7 +19,7 @@ WIDTH, HEIGHT = 640, 232
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 40, 36
 MAX_LINES = 16
 # Paul Tol's muted palette, as the layout view uses.
-_COLOURS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+COLOURS = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
 
 
 def curves(m: MemoryTimeline) -> list[tuple[list[int], np.ndarray]]:
@@ -85,7 +85,7 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> Markup:
     )
     shown = curves(m)
     for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
-        colour = _COLOURS[k % len(_COLOURS)]
+        colour = COLOURS[k % len(COLOURS)]
         pts = " ".join(f"{x(i):.1f},{y(float(v)):.1f}" for i, v in enumerate(values))
         peak = int(m.peak[ranks[0]])
         tip = (

@@ -17,8 +17,8 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+from matplotlib.figure import Figure as _MplFigure
+from matplotlib.patches import Patch, Polygon, Rectangle
 
 from .. import describe
 from ..layout import Layout
@@ -29,6 +29,21 @@ _HATCH = {"solid": None, "diagonal": "///", "dots": "..", "cross": "++"}
 _VIRIDIS = ListedColormap(
     ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
 ).resampled(256)
+
+
+class Figure(_MplFigure):
+    """A matplotlib Figure that shows itself as a PNG in a notebook.
+
+    IPython draws a bare Figure as a picture only when the inline backend registered its
+    formatter (``%matplotlib inline``, or importing pyplot); shardviz never imports pyplot, so
+    without this ``sv.plot(...)`` as a cell's last expression showed only ``<Figure size ...>``.
+    Where the inline formatter is registered it takes precedence (one picture either way), and a
+    plain script's backend is left alone.
+    """
+
+    def _repr_png_(self) -> bytes:
+        return to_png(self)
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -69,6 +84,77 @@ def _fill(
     if hatch and alpha == 1.0:
         ink = "#ffffffb0" if text == "#FFFFFF" else "#00000080"
         ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch=hatch, edgecolor=ink, lw=0, gid="pattern"))
+
+
+def _value_cells(
+    layout: Layout,
+    values: Mapping[int, np.ndarray],
+    rd: int | None,
+    cd: int | None,
+    idx: tuple[int, ...],
+    nrows: int,
+    ncols: int,
+    px: float,
+    py: float,
+) -> tuple[list[tuple[int, int, str]], float] | None:
+    """(row, column, text) of every drawn element and the font size (points) that fits them, or
+    None when the cells are too small to print into (then the blocks keep their rank labels)."""
+    from .flow_mpl import fmt_cell
+
+    if nrows * ncols > 400 or px < 14 or py < 9:
+        return None
+    try:
+        glob = np.asarray(g.global_values(layout, values))
+    except (KeyError, ValueError, IndexError):
+        return None
+    shape = layout.global_shape
+    sl = tuple(slice(None) if d in (rd, cd) else idx[d] for d in range(len(shape)))
+    img = glob[sl] if shape else glob.reshape(1, 1)
+    img = img.reshape(nrows, ncols) if (rd is None or cd is None) else img
+    if rd is not None and cd is not None and rd > cd:
+        img = img.T
+    for digits in (4, 3, 2):
+        texts = [(i, j, fmt_cell(img[i, j], digits)) for i in range(nrows) for j in range(ncols)]
+        longest = max(len(t) for _, _, t in texts)
+        size = min(9.0, py * 0.55, (px - 2) / (0.62 * longest))
+        if size >= 6:
+            return texts, size
+    return None
+
+
+def _stripes(w: float, h: float, k: int) -> list[tuple[int, list[tuple[float, float]]]]:
+    """Diagonal stripes over a w x h block for k owners, in order: (owner index, polygon), the
+    block cut by the lines u + v = const, stripe m going to owner m mod k (common.js
+    diagonalStripes)."""
+    width = (w + h) / max(6, 3 * k)
+    out: list[tuple[int, list[tuple[float, float]]]] = []
+
+    def clip(
+        poly: list[tuple[float, float]], keep: Callable[[float, float], float]
+    ) -> list[tuple[float, float]]:
+        res = []
+        for i, a in enumerate(poly):
+            b = poly[(i + 1) % len(poly)]
+            fa, fb = keep(*a), keep(*b)
+            if fa >= 0:
+                res.append(a)
+            if (fa >= 0) != (fb >= 0):
+                t = fa / (fa - fb)
+                res.append((a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1])))
+        return res
+
+    m = 0
+    c = 0.0
+    while c < w + h - 1e-9:
+        poly = [(0.0, 0.0), (w, 0.0), (w, h), (0.0, h)]
+        lo, hi = c, c + width
+        poly = clip(poly, lambda u, v: u + v - lo)  # noqa: B023 (used at once)
+        poly = clip(poly, lambda u, v: hi - (u + v))  # noqa: B023
+        if len(poly) >= 3:
+            out.append((m % k, poly))
+        c += width
+        m += 1
+    return out
 
 
 def _partial(ax: Any, x: float, y: float, w: float, h: float) -> None:
@@ -237,6 +323,10 @@ def _draw_tensor(
         for b in blocks
         if len(b.owners) == 1
     )
+    # Values in the cells where they fit (the colours and the legend still say who holds what).
+    cells = (
+        _value_cells(layout, values, rd, cd, idx, nrows, ncols, px, py) if values and not heatmap else None
+    )
     for b in blocks:
         x, y, w, h = b.col0, b.row0, b.col1 - b.col0, b.row1 - b.row0
         if not b.owners:
@@ -247,9 +337,20 @@ def _draw_tensor(
         if len(b.owners) == 1:
             _fill(ax, x, y, w, h, b.owners[0], f"shard-r{b.owners[0]}", alpha)
         elif len(b.owners) <= g.MAX_STRIPES:
-            k = len(b.owners)
-            for i, r in enumerate(b.owners):
-                _fill(ax, x + w * i / k, y, w / k, h, r, f"shard-r{r}", alpha)
+            # diagonal stripes, one colour per owner in turn: shared, not split into columns
+            for i, pts in _stripes(w, h, len(b.owners)):
+                r = b.owners[i]
+                color, _, _ = g.rank_style(r)
+                ax.add_patch(
+                    Polygon(
+                        [(x + u, y + v) for u, v in pts],
+                        closed=True,
+                        facecolor=color,
+                        edgecolor="none",
+                        alpha=alpha,
+                        gid=f"shard-r{r}",
+                    )
+                )
         else:
             ax.add_patch(
                 Rectangle((x, y), w, h, facecolor="#d9d9d9", edgecolor="none", gid=f"shard-r{b.owners[0]}")
@@ -257,7 +358,7 @@ def _draw_tensor(
         if partial and not heatmap:
             _partial(ax, x, y, w, h)
         ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="white", lw=1.2, gid="edge"))
-        if heatmap or (len(b.owners) == 1 and not label_all):
+        if heatmap or cells is not None or (len(b.owners) == 1 and not label_all):
             continue
         if len(b.owners) == 1:
             label = f"r{b.owners[0]}"
@@ -285,6 +386,20 @@ def _draw_tensor(
                 color=ink,
                 family="monospace",
                 bbox=bbox_,
+            )
+    if cells is not None:
+        texts, size = cells
+        for i, j, t in texts:
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                t,
+                ha="center",
+                va="center",
+                fontsize=size,
+                family="monospace",
+                gid="value",
+                bbox={"facecolor": "white", "alpha": 0.55, "lw": 0, "pad": 0.6},
             )
     ax.add_patch(Rectangle((0, 0), ncols, nrows, fill=False, edgecolor="#333333", lw=1, gid="frame"))
     rcuts = sorted({b.row0 for b in blocks} | {nrows})
@@ -426,10 +541,12 @@ def _draw_legend(fig: Figure, layout: Layout) -> None:
         )
 
 
-def to_png(fig: Figure, dpi: int = 72) -> bytes:
-    """PNG bytes of a figure (the static fallback of a widget in a saved notebook)."""
+def to_png(fig: _MplFigure, dpi: float | None = None) -> bytes:
+    """PNG bytes of a figure (the static fallback of a widget in a saved notebook), at the
+    figure's own dpi by default: the figures here are laid out for 100 dpi, where their smallest
+    text is 9 px or more (at 72 dpi it shrank to about 7 px)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi, metadata={"Software": None})
     return buf.getvalue()
 
 
@@ -493,217 +610,45 @@ def plot_event(event: Any, trace: Any = None, *, title: str | None = None) -> Fi
         sub += f"\nline {event.source.line}: {event.source.text}"
     if isinstance(event, RedistributeEvent):
         return _plot_redistribute(event, d, head, sub)
-    return _plot_flow(d, head, sub)
+    return _plot_flow(d, head, sub, event)
 
 
-def _buffer_rows(buf: Mapping[str, Any] | None) -> tuple[list[tuple[int, int, int]], int, int]:
-    """(y offset, rows, cols) per slot, total rows and the widest cols of a buffer description."""
-    if not buf:
-        return [], 0, 0
-    shapes = buf.get("slots") or [buf["shape"]]
-    out, y = [], 0
-    for shape in shapes:
-        rows = shape[0] if shape else 1
-        cols = math.prod(shape[1:]) if len(shape) > 1 else 1
-        out.append((y, rows, cols))
-        y += rows
-    return out, y, max(c for _, _, c in out)
+def _plot_flow(d: Mapping[str, Any], head: str, sub: str, event: Any) -> Figure:
+    """The player's data flow of one step (views/flow_mpl.py), with its head line, source and notes,
+    at 1 px per unit so that text keeps the player's sizes."""
+    from .flow_mpl import DPI, PT, plot_flow
 
-
-def _plot_flow(d: Mapping[str, Any], head: str, sub: str) -> Figure:
-    groups = d["groups"]
-    total = sum(len(x) for x in groups)
-    shown = list(range(len(groups))) if total <= 16 else list(range(min(PLOT_GROUPS, len(groups))))
-    cols: list[tuple[int, float]] = []  # (rank, x) of every drawn column
-    x = 0.0
-    for gi in shown:
-        for r in groups[gi]:
-            cols.append((r, x))
-            x += 1.0
-        x += 0.4
-    ncols = max(len(cols), 1)
-    fig = Figure(figsize=(max(6.5, min(1.25 * ncols + 1.2, 20.0)), 6.0), dpi=100)
+    fig = Figure(figsize=(8.0, 6.0), dpi=DPI)
     FigureCanvasAgg(fig)
-    fig.text(0.01, 0.985, head, fontsize=11, weight="bold", va="top")
-    fig.text(
-        0.01, 0.94, sub if len(sub) <= 400 else sub[:397] + "...", fontsize=7.5, va="top", color="#444444"
-    )
-    ax = fig.add_axes((0.04, 0.08, 0.94, 0.74), gid="flow")
+    ax = fig.add_axes((0.0, 0.0, 1.0, 1.0), gid="flow")
     ax.set_axis_off()
-    ranks = d["ranks"]
-    rows_in = [_buffer_rows(ranks.get(str(r), {}).get("in")) for r, _ in cols]
-    rows_out = [_buffer_rows(ranks.get(str(r), {}).get("out")) for r, _ in cols]
-    max_rows = max([1] + [b[1] for b in rows_in + rows_out])
-    max_cols = max([1] + [b[2] for b in rows_in + rows_out])
-    cell = min(0.62 / max_cols, 2.4 / max_rows)
-    gap = 0.04
-    h_in = max([0.1] + [b[1] * cell + gap * (len(b[0]) - 1) for b in rows_in])
-    y_in, zone = 0.45, 1.3
-    y_out = y_in + h_in + zone
-    h_out = max([0.1] + [b[1] * cell + gap * (len(b[0]) - 1) for b in rows_out])
-    ax.set_xlim(-0.55, x - 0.4 + 0.1)
-    ax.set_ylim(y_out + h_out + 0.35, -0.1)
-    anchors: dict[tuple[int, str], tuple[float, float, list[tuple[int, int, int]], Mapping[str, Any]]] = {}
-    roots = set(d.get("roots") or [])
-    for (r, cx), b_in, b_out in zip(cols, rows_in, rows_out, strict=True):
-        color, ink, _ = g.rank_style(r)
-        ax.add_patch(
-            Rectangle((cx - 0.3, 0.0), 0.6, 0.28, facecolor=color, edgecolor="none", gid=f"rank-r{r}")
-        )
-        ax.text(
-            cx, 0.14, f"r{r}{' root' if r in roots else ''}", ha="center", va="center", fontsize=8, color=ink
-        )
-        for side, y0, (slots, _, width) in (("in", y_in, b_in), ("out", y_out, b_out)):
-            buf = ranks.get(str(r), {}).get(side)
-            if not buf:
-                continue
-            x0 = cx - width * cell / 2
-            anchors[(r, side)] = (x0, y0, slots, buf)
-            _draw_buffer(ax, buf, slots, x0, y0, cell, gap, r if side == "in" else None)
-    ax.text(-0.5, y_in - 0.08, "before", fontsize=8, color="#555555", va="bottom")
-    ax.text(-0.5, y_out - 0.08, "after", fontsize=8, color="#555555", va="bottom")
-    if d.get("op") == "barrier":
-        mid = y_in + h_in + zone / 2
-        ax.plot([-0.4, x - 0.5], [mid, mid], ls="--", color="#882255", lw=2, gid="barrier")
-        ax.text(
-            (x - 0.9) / 2,
-            mid - 0.08,
-            "barrier: every rank waits here",
-            ha="center",
-            fontsize=8,
-            color="#882255",
-        )
-
-    def anchor(r: int, side: str, part: int | None) -> tuple[float, float] | None:
-        a = anchors.get((r, side))
-        if a is None:
-            return None
-        x0, y0, slots, buf = a
-        parts = buf.get("parts") or []
-        if part is not None and part < len(parts):
-            p = parts[part]
-            slot = p.get("slot") or 0
-            oy = y0 + slots[slot][0] * cell + slot * gap
-            r0, r1, c0, c1 = p["box"]
-            px, py0, py1 = x0 + (c0 + c1) / 2 * cell, oy + r0 * cell, oy + r1 * cell
-        else:
-            total_h = sum(s[1] for s in slots) * cell + gap * (len(slots) - 1)
-            px, py0, py1 = x0 + max(s[2] for s in slots) * cell / 2, y0, y0 + total_h
-        return (px, py1) if side == "in" else (px, py0)
-
-    drawn = {r for r, _ in cols}
-    for key, style in (("stays", "stay"), ("transfers", "transfer")):
-        for src, dst, sp, dp, red in d.get(key) or []:
-            if src not in drawn or dst not in drawn:
-                continue
-            a, b = anchor(src, "in", sp), anchor(dst, "out", dp)
-            if a is None or b is None:
-                continue
-            color = g.rank_style(src)[0]
-            ax.add_patch(
-                FancyArrowPatch(
-                    a,
-                    b,
-                    arrowstyle="-|>",
-                    mutation_scale=9,
-                    color=color,
-                    lw=0.9 if style == "transfer" else 0.8,
-                    ls="-" if style == "transfer" else (0, (2, 2)),
-                    alpha=0.8,
-                    shrinkA=0,
-                    shrinkB=1,
-                    gid=style if not red else f"{style}-reduce",
-                )
-            )
+    sub_lines = [x if len(x) <= 140 else x[:137] + "..." for x in sub.split("\n")][:3]
+    top = 26 + 14 * len(sub_lines)
+    width, height = plot_flow(fig, ax, d, event, top=top)
     notes = list(d.get("notes") or [])
-    if len(shown) < len(groups):
-        notes.insert(0, f"{len(groups) - len(shown)} more groups ran the same step (not drawn)")
+    groups = d["groups"]
+    drawn_groups = len(groups) if sum(len(x) for x in groups) <= 16 else min(PLOT_GROUPS, len(groups))
+    if drawn_groups < len(groups):
+        notes.insert(0, f"{len(groups) - drawn_groups} more groups ran the same step (not drawn)")
     check = d.get("check")
     if check and check.get("checked") and not check.get("ok"):
         notes.insert(0, f"WARNING: {check.get('note')}")
-    y = 0.065
-    for line in notes[:3]:
-        fig.text(
-            0.01, y, line if len(line) <= 170 else line[:167] + "...", fontsize=7.5, va="top", color="#333333"
-        )
-        y -= 0.022
+    notes = [x if len(x) <= 150 else x[:147] + "..." for x in notes[:4]]
+    width = max(width, 560.0)
+    total = top + height + 6 + 14 * len(notes)
+
+    def say(y: float, text: str, px: float, **kw: Any) -> None:  # figure text at pixel (6, y)
+        fig.text(6 / width, 1 - y / total, text, fontsize=px * PT, va="baseline", **kw)
+
+    say(18, head, 13, weight="bold")
+    for i, line in enumerate(sub_lines):
+        say(36 + 14 * i, line, 10, color="#444444")
+    for i, line in enumerate(notes):
+        say(top + height + 14 + 14 * i, line, 10, color="#333333")
+    ax.set_xlim(0, width)
+    ax.set_ylim(total, 0)
+    fig.set_size_inches(width / DPI, total / DPI)
     return fig
-
-
-def _draw_buffer(
-    ax: Any,
-    buf: Mapping[str, Any],
-    slots: list[tuple[int, int, int]],
-    x0: float,
-    y0: float,
-    cell: float,
-    gap: float,
-    own: int | None,
-) -> None:
-    parts = buf.get("parts") or []
-    faded = 0.3 if buf.get("role") else 1.0
-
-    def tint(origin: int | None, reduced: bool) -> str:
-        if reduced:
-            return "#d9d9d9"
-        return "#eeeeee" if origin is None else g.rank_style(origin)[0]
-
-    for k, (sy, rows, cols) in enumerate(slots):
-        oy = y0 + sy * cell + k * gap
-        w, h = max(cols * cell, 0.03), max(rows * cell, 0.03)
-        mine = [p for p in parts if (p.get("slot") or 0) == k]
-        if not mine:
-            origin = own if own is not None else buf.get("origin")
-            ax.add_patch(
-                Rectangle(
-                    (x0, oy),
-                    w,
-                    h,
-                    facecolor=tint(origin, bool(buf.get("reduced"))),
-                    alpha=0.5 * faded,
-                    edgecolor="none",
-                    gid="part",
-                )
-            )
-        for p in mine:
-            r0, r1, c0, c1 = p["box"]
-            origin = p.get("origin", own)
-            ax.add_patch(
-                Rectangle(
-                    (x0 + c0 * cell, oy + r0 * cell),
-                    (c1 - c0) * cell,
-                    (r1 - r0) * cell,
-                    facecolor=tint(origin, bool(p.get("reduced"))),
-                    alpha=0.5 * faded,
-                    edgecolor="#333333",
-                    lw=0.6,
-                    gid="part",
-                )
-            )
-        pads = [b for p in mine for b in p.get("pad") or []] + (list(buf.get("pad") or []) if k == 0 else [])
-        for a0, a1, b0, b1 in pads:
-            ax.add_patch(
-                Rectangle(
-                    (x0 + b0 * cell, oy + a0 * cell),
-                    (b1 - b0) * cell,
-                    (a1 - a0) * cell,
-                    facecolor="#e6e6e6",
-                    hatch="////",
-                    edgecolor="#888888",
-                    lw=0,
-                    gid="pad",
-                )
-            )
-        ax.add_patch(Rectangle((x0, oy), w, h, fill=False, edgecolor="#333333", lw=0.9, gid="buffer"))
-    if buf.get("role"):
-        ax.text(
-            x0,
-            y0 - 0.02,
-            "not read" if buf["role"] == "ignored" else "not defined",
-            fontsize=6,
-            color="#666666",
-            va="bottom",
-        )
 
 
 def _plot_redistribute(event: Any, d: Mapping[str, Any], head: str, sub: str) -> Figure:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from matplotlib.figure import Figure
+from matplotlib.colors import to_rgba
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .mpl import literal_text
-
-_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
+from .mpl import Figure, literal_text
+from .pipeline_svg import ARROW_COLOURS, ARROW_OTHER, BACKWARD_OPACITY, COLOURS, LEGEND
 
 
 @literal_text
@@ -19,21 +18,20 @@ def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
     ranks = list(tl.ranks)
     lane = {r: i for i, r in enumerate(ranks)}
     width = max(4.0, min(16.0, 1.0 + 0.5 * float(tl.makespan or 1)))
-    fig = Figure(figsize=(width, 1.0 + 0.45 * max(len(ranks), 1)))
+    fig = Figure(figsize=(width, 1.5 + 0.45 * max(len(ranks), 1)))
     ax = fig.add_subplot(1, 1, 1)
     for i in tl.intervals:
         y = lane[i.rank]
-        color = _COLORS[(i.microbatch or 0) % len(_COLORS)]
+        color = COLOURS[(i.microbatch or 0) % len(COLOURS)]
         back = i.name != "forward"
         box = Rectangle(
             (i.start, y - 0.4),
             i.end - i.start,
             0.8,
-            facecolor=color,
-            alpha=0.55 if back else 0.9,
-            hatch="//" if back else None,
+            facecolor=to_rgba(color, BACKWARD_OPACITY if back else 1.0),
             edgecolor="#333",
-            linewidth=0.6,
+            linestyle=(0, (3, 2)) if back else "-",
+            linewidth=0.8,
         )
         box.set_gid(f"interval-{i.rank}-{i.event}")
         ax.add_patch(box)
@@ -41,7 +39,7 @@ def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
     for a in tl.arrows:
         if a.src not in lane or a.dst not in lane:
             continue
-        color = {"forward": "#1f4e79", "backward": "#8b1a1a"}.get(a.phase or "", "#999")
+        color = ARROW_COLOURS.get(a.phase or "", ARROW_OTHER)
         ax.add_patch(
             FancyArrowPatch(
                 (a.start, lane[a.src]),
@@ -65,5 +63,6 @@ def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
         fontsize=10,
         loc="left",
     )
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "\n".join(LEGEND), fontsize=8, color="#555555", va="bottom", gid="legend")
+    fig.tight_layout(rect=(0, 0.09 + 0.1 / max(len(ranks), 1), 1, 1))
     return fig

@@ -16,14 +16,25 @@ STEP = 44  # pixels per step
 LANE = 34  # pixels per lane
 LEFT = 64  # room for the rank labels
 TOP = 28  # room for the title
-# Paul Tol's muted palette, one colour per microbatch (repeating), forward light, backward dark.
-_COLOURS = ("#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+# Paul Tol's muted palette, one colour per microbatch (repeating); a backward box is lighter with a
+# dashed outline. sv.plot (pipeline_mpl.py) draws with the same colours.
+COLOURS = ("#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499")
+BACKWARD_OPACITY = 0.55
+# Message lines by phase: activations, gradients, anything else.
+ARROW_COLOURS = {"forward": "#333333", "backward": "#AA3377"}
+ARROW_OTHER = "#999999"
+LEGEND = (
+    "F forward (solid), B backward (lighter, dashed); one colour per microbatch",
+    "lines: activations (dark grey) and gradients (magenta); grey lane: idle",
+)
+CHAR_PX = 6.6  # width of a character of the 11 px legend, generously
 
 
 def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
     """The timeline as one ``<svg>`` element."""
-    width = LEFT + max(tl.makespan, 1) * STEP + 16
-    height = TOP + len(tl.ranks) * LANE + 24
+    # wide enough for the legend under short timelines too
+    width = max(LEFT + max(tl.makespan, 1) * STEP + 16, LEFT + CHAR_PX * max(len(x) for x in LEGEND))
+    height = TOP + len(tl.ranks) * LANE + 14 * len(LEGEND) + 12
     lane_of = {r: k for k, r in enumerate(tl.ranks)}
     head = title or (
         f"Pipeline timeline: {len(tl.ranks)} ranks, {_num(tl.makespan)} steps, bubble {tl.bubble:.1%}"
@@ -47,7 +58,7 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
         ]
         for i in tl.lane(r):
             mb = i.microbatch if i.microbatch is not None else 0
-            colour = _COLOURS[mb % len(_COLOURS)]
+            colour = COLOURS[mb % len(COLOURS)]
             backward = i.name != "forward"
             x = LEFT + i.start * STEP
             w = (i.end - i.start) * STEP
@@ -60,7 +71,7 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
                 "height": LANE - 8,
                 "rx": 3,
                 "fill": colour,
-                "fill-opacity": 0.55 if backward else 1,
+                "fill-opacity": BACKWARD_OPACITY if backward else 1,
                 "stroke": "#333",
                 "stroke-dasharray": "3,2" if backward else None,
             }
@@ -81,7 +92,7 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
         y1 = TOP + lane_of[a.src] * LANE + (LANE - 4 if lane_of[a.dst] > lane_of[a.src] else 4)
         y2 = TOP + lane_of[a.dst] * LANE + (4 if lane_of[a.dst] > lane_of[a.src] else LANE - 4)
         x1, x2 = LEFT + a.start * STEP, LEFT + a.end * STEP
-        colour = "#333" if a.phase == "forward" else ("#AA3377" if a.phase == "backward" else "#999")
+        colour = ARROW_COLOURS.get(a.phase or "", ARROW_OTHER)
         tip = f"{a.phase or 'message'} {a.src} -> {a.dst}, microbatch {a.microbatch}, step {_num(a.start)}"
         out.append(
             element(
@@ -102,14 +113,9 @@ def timeline_svg(tl: Timeline, title: str | None = None) -> Markup:
                 element("circle", {"cx": f"{x2:.0f}", "cy": y2, "r": 2.5, "fill": colour}),
             )
         )
-    out.append(
-        element(
-            "text",
-            {"x": LEFT, "y": TOP + len(tl.ranks) * LANE + 16, "fill": "#555"},
-            "F forward (solid), B backward (dashed); one colour per microbatch; lines: activations "
-            "(dark) and gradients (magenta); grey: idle",
-        )
-    )
+    for k, line in enumerate(LEGEND):
+        y = TOP + len(tl.ranks) * LANE + 16 + 14 * k
+        out.append(element("text", {"x": LEFT, "y": y, "fill": "#555", "class": "sv-legend"}, line))
     return element(
         "svg",
         {

@@ -21,14 +21,14 @@ from .. import cost as _cost
 from .. import describe
 from ..trace import Event, Trace
 from . import html
-from .steps import Model, event_trace
+from .steps import FILTER_KEYS, PHASES, Model, event_trace
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
 
 # event_trace is re-exported: show.py makes a one-event trace for the player from here.
 __all__ = ["PlayerWidget", "event_trace"]
 
 # The traits the ESM reads; an HTML export embeds exactly these.
-SYNCED = ("step", "link", "timeline", "info")
+SYNCED = ("step", "link", "filter", "timeline", "info")
 
 
 def _check_request(msg: Any, keys: Sequence[str]) -> str | None:
@@ -53,6 +53,10 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
     link = traitlets.Unicode(_cost.DEFAULT_LINK).tag(sync=True)
     timeline = traitlets.Dict().tag(sync=True)
     info = traitlets.Dict().tag(sync=True)
+    # Which steps and timeline rows show (steps.FILTER_KEYS): {"phase": "backward",
+    # "module": "layers.0", "mesh_dim": "tp", "all_ops": True}; prev / next move between the
+    # steps it keeps. Operators that move no data (views, detach) are folded unless all_ops.
+    filter = traitlets.Dict().tag(sync=True)
 
     def __init__(
         self,
@@ -62,6 +66,7 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
         link: str | None = None,
         local_steps: bool = False,
         title: str | None = None,
+        filter: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(trace, Trace):
             raise TypeError(
@@ -76,13 +81,48 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
             timeline=self._model.timeline(),
             info=self._model.info(title),
             link=link,
+            filter=dict(filter or {}),
         )
-        if step is None:  # where the trace says to look first (a desync, where a rank stopped)
-            start = trace.meta.get("start_event") if isinstance(getattr(trace, "meta", None), dict) else None
-            steps = self._model.steps
-            at = [k for k, e in enumerate(steps) if isinstance(start, int) and e.id <= start]
-            step = at[-1] if at else 0
+        if step is None:
+            step = self._first_step()
         self.step = step
+
+    def _first_step(self) -> int:
+        """Where the trace says to look first (a desync, where a rank stopped), else the first
+        collective of the training step (``steps.Model.step_start``: past the setup's scatters),
+        else the first step."""
+        trace = self._model.trace
+        start = trace.meta.get("start_event") if isinstance(getattr(trace, "meta", None), dict) else None
+        at = [k for k, e in enumerate(self._model.steps) if isinstance(start, int) and e.id <= start]
+        if at:
+            return at[-1]
+        begin = self._model.step_start()
+        return begin if begin is not None else 0
+
+    @property
+    def step_start(self) -> int | None:
+        """The step of the training step's first collective (``steps.Model.step_start``)."""
+        return self._model.step_start()
+
+    @traitlets.validate("filter")
+    def _valid_filter(self, proposal: Any) -> dict[str, Any]:
+        flt = dict(proposal["value"])
+        for key, value in flt.items():
+            if key not in FILTER_KEYS:
+                raise traitlets.TraitError(f"unknown filter key {key!r}: use {list(FILTER_KEYS)}")
+            if key == "all_ops":
+                if not isinstance(value, bool):
+                    raise traitlets.TraitError(f"filter all_ops must be True or False, not {value!r}")
+            elif value is not None and not isinstance(value, str):
+                raise traitlets.TraitError(f"filter {key} must be a string, not {value!r}")
+        if flt.get("phase") not in (None, "", *PHASES):
+            raise traitlets.TraitError(f"filter phase {flt['phase']!r}: use one of {list(PHASES)}")
+        return flt
+
+    @property
+    def steps_shown(self) -> list[int]:
+        """The steps the current filter keeps (all of them with no filter)."""
+        return self._model.steps_matching(self.filter)
 
     @traitlets.validate("step")
     def _valid_step(self, proposal: Any) -> int:

@@ -16,8 +16,9 @@ browser, and views/mpl.py draws the same part descriptions without anywidget, so
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from ..trace import (
     CollectiveEvent,
     Event,
     LocalEvent,
+    OpEvent,
     RedistributeEvent,
     TensorSnapshot,
     Trace,
@@ -52,6 +54,99 @@ PAD_RECTS = 64
 
 KIND_CODES = {"collective": "c", "redistribute": "r", "op": "o", "local": "l", "module": "m"}
 STEP_KINDS = ("collective", "redistribute")
+
+# Operators that only change how a tensor is viewed (or detach it from autograd): no rank computes
+# or sends anything. Their timeline rows are folded by default; a real model has hundreds.
+VIEW_OPS = frozenset(
+    {
+        "alias", "as_strided", "detach", "expand", "expand_as", "flatten", "lift_fresh", "narrow",
+        "permute", "_reshape_alias", "reshape", "select", "slice", "split", "split_with_sizes",
+        "squeeze", "t", "transpose", "unbind", "unflatten", "unsqueeze", "_unsafe_view", "view",
+        "view_as", "view_as_complex", "view_as_real",
+    }
+)  # fmt: skip
+PHASES = ("forward", "backward", "none")
+# The keys of a player's filter (PlayerWidget.filter): which steps and timeline rows it shows.
+FILTER_KEYS = ("phase", "module", "mesh_dim", "all_ops")
+
+
+# ---- the drawn grid: readable cells whatever the buffer's shape ----------------------------------
+
+# Rows drawn per buffer (all its list slots together) and columns per buffer at most. A (8, 4, 64)
+# buffer is a grid of 8 x 256 elements: drawn to scale it is a hairline; drawn with these budgets
+# it keeps readable cells (each can print its value), every chunk border, and an ellipsis band
+# where elements are left out.
+ROW_CELLS = 10
+# The player's data flow is about this many pixels wide; a column holds about 40 px per cell.
+FLOW_WIDTH = 880
+
+Runs = tuple[tuple[int, int], ...]
+
+
+def col_cells(group_size: int) -> int:
+    """Columns drawn per buffer when ``group_size`` ranks sit side by side (2 to 8)."""
+    return max(2, min(8, (FLOW_WIDTH // max(group_size, 1) - 50) // 40))
+
+
+def summarize_axis(n: int, cuts: Iterable[int], most: int) -> Runs:
+    """The index runs drawn along one axis of ``n`` elements (the gaps between runs are drawn as
+    one ellipsis band each).
+
+    Every cut (a chunk or padding border) stays a border between drawn cells. A stretch between
+    two cuts longer than its share of ``most`` keeps its first cells and its last one; with many
+    short stretches more than ``most`` cells are drawn (then the cells get smaller, never merged).
+    """
+    if n <= most:
+        return ((0, n),) if n > 0 else ()
+    points = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+    share = max(2, most // (len(points) - 1))
+    runs: list[tuple[int, int]] = []
+
+    def keep(a: int, b: int) -> None:
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+
+    for a, b in itertools.pairwise(points):
+        if b - a <= share + 1:
+            keep(a, b)
+        else:
+            keep(a, a + share - 1)
+            keep(b - 1, b)
+    return tuple(runs)
+
+
+def drawn_grid(buf: Buffer, group_size: int) -> list[tuple[Runs, Runs]]:
+    """Per slot of ``buf``, the (row runs, column runs) the views draw (see ``summarize_axis``)."""
+    shapes = list(buf.slots) if buf.slots is not None else [buf.shape]
+    rows_most = max(2, ROW_CELLS // max(len(shapes), 1))
+    out = []
+    for k, shape in enumerate(shapes):
+        rows, cols = grid_shape(shape)
+        boxes = [p.box for p in buf.parts if (p.slot or 0) == k]
+        boxes += [b for p in buf.parts if (p.slot or 0) == k for b in p.pad]
+        if k == 0:
+            boxes += list(buf.pad)
+        rcuts = [x for b in boxes for x in b[:2]]
+        ccuts = [x for b in boxes for x in b[2:]]
+        out.append(
+            (summarize_axis(rows, rcuts, rows_most), summarize_axis(cols, ccuts, col_cells(group_size)))
+        )
+    return out
+
+
+def grid_json(buf: Buffer, group_size: int) -> list[list[list[list[int]]]] | None:
+    """``drawn_grid`` as JSON, or None when every element is drawn (the common small case)."""
+    grid = drawn_grid(buf, group_size)
+    shapes = list(buf.slots) if buf.slots is not None else [buf.shape]
+    full = all(
+        rr == (((0, r),) if r else ()) and cc == (((0, c),) if c else ())
+        for (rr, cc), (r, c) in zip(grid, (grid_shape(s) for s in shapes), strict=True)
+    )
+    if full:
+        return None
+    return [[[list(x) for x in rr], [list(x) for x in cc]] for rr, cc in grid]
 
 
 # ---- buffer parts: what each transfer moves, in grid coordinates ---------------------------------
@@ -278,6 +373,8 @@ def _buffers(
             out[r] = {"in": _plain(e.inputs.get(r), (), r), "out": _plain(e.outputs.get(r), (), r)}
         return out
     op, p = e.op, e.params
+    if op in ("send", "recv"):
+        return _p2p_buffers(e)
     for grp in e.groups:
         n = len(grp)
         root = grp[e.root] if e.root is not None and e.root < n else None
@@ -317,9 +414,43 @@ def _buffers(
                     b_out = _with(b_out, role="undefined")
             elif op == "reduce":
                 b_out = _plain(outs, (), None, reduced=True) if r == root else _with(b_out, role="undefined")
-            else:  # send / recv / barrier: whole buffers, nothing split
+            else:  # barrier: no buffers
                 b_out = _plain(outs, (), r)
             out[r] = {"in": b_in, "out": b_out}
+    return out
+
+
+def p2p_pairs(e: CollectiveEvent) -> list[tuple[int, int]]:
+    """(source, destination) of each message of a send or recv. The recorded ``root`` is the index
+    of the peer in each pair: the destination for a send, the source for a recv."""
+    if e.op not in ("send", "recv") or e.root not in (0, 1):
+        return []
+    i = 1 - e.root if e.op == "send" else e.root
+    return [(grp[i], grp[1 - i]) for grp in e.groups if len(grp) == 2]
+
+
+def _p2p_buffers(e: CollectiveEvent) -> dict[int, dict[str, Buffer | None]]:
+    """A send draws the source's buffer and, at the destination, what is on its way there (it lands
+    in the matching recv); a recv draws what was sent and what arrived."""
+    out: dict[int, dict[str, Buffer | None]] = {}
+    for src, dst in p2p_pairs(e):
+        sent = e.inputs.get(src)
+        out.setdefault(src, {"in": None, "out": None})["in"] = _plain(sent, (), src)
+        if e.op == "send":
+            arrives = _with(_plain(sent, (), src), role="pending")
+        else:
+            arrives = _plain(e.outputs.get(dst), (), src)
+        out.setdefault(dst, {"in": None, "out": None})["out"] = arrives
+    return out
+
+
+def _buffer_json(b: Buffer | None, group_size: int) -> dict[str, Any] | None:
+    if b is None:
+        return None
+    out = b.as_json()
+    grid = grid_json(b, group_size)
+    if grid is not None:
+        out["grid"] = grid
     return out
 
 
@@ -481,6 +612,52 @@ class Model:
                 yield c
             yield from self.collectives_under(c)
 
+    def moves_no_data(self, e: Event) -> bool:
+        """A DTensor operator that only views its input (``aten.detach``, ``aten.view``, ``aten.t``,
+        ...) and redistributes nothing: folded in the timeline unless ``all_ops`` is asked for."""
+        if not isinstance(e, OpEvent) or self.children.get(e.id):
+            return False
+        parts = e.name.split(".")
+        base = parts[1] if len(parts) > 1 and parts[0] == "aten" else parts[0]
+        return base in VIEW_OPS
+
+    def mesh_dims(self, e: Event) -> list[str]:
+        """The mesh dims an event's collectives ran on (itself, or those it encloses), by label;
+        "-" for a collective on no mesh dim."""
+        if isinstance(e, CollectiveEvent):
+            return [describe.mesh_dim(e) or "-"]
+        return sorted({describe.mesh_dim(c) or "-" for c in self.collectives_under(e)})
+
+    def matches(self, e: Event, flt: dict[str, Any]) -> bool:
+        """Does an event pass a filter (keys of FILTER_KEYS; a missing key passes everything)?
+
+        ``phase``: "forward", "backward", or "none" (outside both: setup, optimizer steps);
+        ``module``: part of the name of the ``nn.Module`` the event ran in; ``mesh_dim``: a mesh
+        dim's label ("tp", "dim 0") or "-" for none; a redistribute or operator matches through
+        the collectives it encloses."""
+        phase = flt.get("phase")
+        if phase and (e.phase or "none") != phase:
+            return False
+        module = flt.get("module")
+        if module and (e.module is None or module not in e.module):
+            return False
+        dim = flt.get("mesh_dim")
+        return not dim or dim in self.mesh_dims(e)
+
+    def steps_matching(self, flt: dict[str, Any]) -> list[int]:
+        """The steps a filter keeps: what prev / next / first / last move between."""
+        return [k for k, e in enumerate(self.steps) if self.matches(e, flt)]
+
+    def step_start(self) -> int | None:
+        """The first step of the training step: the first collective recorded inside an
+        ``nn.Module``'s forward or backward (so after model setup: ``distribute_tensor``,
+        ``parallelize_module``, ``fully_shard``, which run outside any forward). None when no
+        collective ran in one."""
+        for k, e in enumerate(self.steps):
+            if isinstance(e, CollectiveEvent) and e.phase in ("forward", "backward"):
+                return k
+        return None
+
     def cost(self, e: Event) -> tuple[float, int]:
         """(bus bytes per rank, sequential ring steps) of a step, summed over a redistribute's
         collectives: time on a link is alpha x steps + bytes / beta (cost.py's model)."""
@@ -510,6 +687,11 @@ class Model:
         depth: list[int] = []
         label: list[int] = []
         source: list[int] = []
+        phase: list[str] = []  # per row: f / b / - (outside a forward or backward)
+        module: list[int] = []  # per row: the module's name (a string id), -1 for none (sent as rle)
+        dims: list[int] = []  # per row: the mesh dims of its collectives, comma-joined (rle)
+        quiet: list[int] = []  # rows folded by default (operators that move no data)
+        codes = {"forward": "f", "backward": "b"}
         step_rows: list[int] = []
         step_ids = {e.id for e in self.steps}
         levels: dict[int, int] = {}
@@ -532,6 +714,9 @@ class Model:
                     depth.append(i)
                     label.append(sid(text))
                     source.append(-1)
+                    phase.append(codes.get(e.phase or "", "-"))
+                    module.append(sid(keys[i][0]) if keys[i][0] else -1)
+                    dims.append(-1)
                 open_ = keys
                 d = len(keys)
             else:
@@ -539,10 +724,16 @@ class Model:
             levels[e.id] = d
             if e.id in step_ids:
                 step_rows.append(len(ids))
+            if self.moves_no_data(e):
+                quiet.append(len(ids))
             ids.append(e.id)
             kinds.append(KIND_CODES.get(e.kind, "?"))
             depth.append(d)
             label.append(sid(describe.short(e)))
+            phase.append(codes.get(e.phase or "", "-"))
+            module.append(sid(e.module) if e.module else -1)
+            row_dims = self.mesh_dims(e) if e.kind in ("collective", "redistribute", "op") else []
+            dims.append(sid(",".join(row_dims)) if row_dims else -1)
             if e.source is not None:
                 source.append(sources.setdefault((e.source.line, e.source.text), len(sources)))
             else:
@@ -559,6 +750,10 @@ class Model:
             "label": label,
             "source": source,
             "steps": step_rows,
+            "phase": "".join(phase),
+            "module": rle(module),
+            "dims": rle(dims),
+            "quiet": quiet,
             "bus": bus,
             "hops": hops,
             "total_kinds": "".join(KIND_CODES.get(e.kind, "?") for e in self.steps),
@@ -595,6 +790,7 @@ class Model:
                 k: {"name": lk.name, "alpha": lk.alpha, "beta": lk.beta} for k, lk in _cost.PRESETS.items()
             },
             "notes": notes,
+            "step_start": self.step_start(),
             "palette": {"fill": list(g.PALETTE), "text": list(g.TEXT_ON), "patterns": list(g.PATTERNS)},
         }
 
@@ -644,8 +840,8 @@ class Model:
         for r, b in sorted(bufs.items()):
             nb = e.nbytes.get(r, 0)
             ranks[str(r)] = {
-                "in": b["in"].as_json() if b["in"] else None,
-                "out": b["out"].as_json() if b["out"] else None,
+                "in": _buffer_json(b["in"], n),
+                "out": _buffer_json(b["out"], n),
                 "nbytes": nb,
                 "bus": factor * nb,
             }
@@ -662,14 +858,22 @@ class Model:
             )
         if e.op == "barrier":
             notes.append("barrier: no data moves; every rank of the group waits until all have arrived")
+        pairs = p2p_pairs(e)
         if e.op in ("send", "recv"):
-            pairs = [g for g in e.groups if len(g) == 2 and e.root in (0, 1)]
-            if pairs and e.root is not None:
-                src_i = 1 - e.root if e.op == "send" else e.root
-                moves = ", ".join(f"{g[src_i]}→{g[1 - src_i]}" for g in pairs)
-                verb = "sends" if e.op == "send" else "receives"
-                notes.append(f"point-to-point {e.op}: {moves} (the source {verb} its whole buffer)")
-            else:
+            peer = e.params.get("peer")
+            peer_step = self.step_of(peer) if isinstance(peer, int) else None
+            where = f" (step {peer_step + 1})" if peer_step is not None else ""
+            for src, dst in pairs:
+                if e.op == "send":
+                    notes.append(
+                        f"point-to-point send: rank {src} sends its whole buffer to rank {dst}; "
+                        f"it lands in rank {dst}'s matching recv{where}"
+                    )
+                else:
+                    notes.append(
+                        f"point-to-point recv: rank {dst} receives the whole buffer rank {src} sent{where}"
+                    )
+            if not pairs:
                 notes.append(
                     "point-to-point: the player shows each rank's buffer; the pairing is not recorded"
                 )
@@ -681,7 +885,8 @@ class Model:
             notes.append("gather: only the root receives the list; other ranks' output lists are not used")
         if e.op == "scatter":
             notes.append("scatter: only the root's input list is read")
-        if not any(b.values for x in bufs.values() for b in x.values() if b):
+        drawn = [b for x in bufs.values() for b in x.values() if b]
+        if drawn and not any(b.values for b in drawn):
             notes.append("values not kept for this step (value policy): shapes and bytes only")
         if "flight" in e.params:
             from ..flight import flight_notes
@@ -708,6 +913,8 @@ class Model:
             "roots": e.roots(),
             "mesh_dim": e.mesh_dim,
             "mesh_dim_name": e.mesh_dim_name,
+            "where": self.where(e),
+            "pairs": [list(x) for x in pairs],
             "groups": self._groups_json(e),
             "ranks": ranks,
             "transfers": [_transfer_json(t) for t in _flow.transfers(e)],
@@ -719,12 +926,29 @@ class Model:
             "notes": notes,
         }
 
+    def where(self, e: CollectiveEvent) -> str:
+        """Which process groups ran a collective, in words: its mesh dim, the default group, or
+        point-to-point pairs (raw ``dist.*`` calls on no mesh are not "unmatched")."""
+        if e.op in ("send", "recv"):
+            pairs = p2p_pairs(e)
+            return f"point-to-point, {len(pairs)} pair{'s' if len(pairs) != 1 else ''}"
+        dim = describe.mesh_dim(e)
+        if dim:
+            return f"mesh {dim}"
+        ranks = sorted(r for grp in e.groups for r in grp)
+        if len(e.groups) == 1 and ranks == list(range(self.trace.world_size)):
+            return f"default process group (all {self.trace.world_size} ranks)"
+        if not self.trace.meshes:
+            return "process groups of their own (no device mesh in this trace)"
+        return "groups that match no mesh dim"
+
     def _local(self, e: LocalEvent) -> dict[str, Any]:
         bufs = _buffers(e)
+        n = len(bufs)
         ranks = {
             str(r): {
-                "in": b["in"].as_json() if b["in"] else None,
-                "out": b["out"].as_json() if b["out"] else None,
+                "in": _buffer_json(b["in"], n),
+                "out": _buffer_json(b["out"], n),
                 "nbytes": 0,
                 "bus": 0.0,
             }
@@ -802,6 +1026,10 @@ class Model:
                         continue
                     meta, data = g.encode(s.values, s.dtype, VALUES_LIMIT)
                     meta.update({"rank": r, "side": side, "slot": slot if listed else None})
+                    summary = s.summary
+                    if summary is not None and summary.min is not None and summary.max is not None:
+                        # exact, also when the values sent are a sample
+                        meta.update({"min": summary.min, "max": summary.max})
                     entries.append(meta)
                     buffers.append(data)
         if not entries:
@@ -823,6 +1051,17 @@ class Model:
         if rg is None:
             return {"error": "the ring view needs the buffers' values, which this trace did not keep"}, []
         return ring_reply(k, group, rg, e)
+
+
+def rle(values: Sequence[int]) -> list[int]:
+    """Run-length code: [value, count, value, count, ...] (rows of one module come in runs)."""
+    out: list[int] = []
+    for v in values:
+        if out and out[-2] == v:
+            out[-1] += 1
+        else:
+            out += [v, 1]
+    return out
 
 
 def contributors(rg: _ring.Ring, op: str) -> list[list[list[int]]]:

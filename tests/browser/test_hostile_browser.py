@@ -308,6 +308,51 @@ def test_model_map_export(page, tmp_path, h):
     w.assert_clean(scripts=2)
 
 
+def hostile_report(h: str) -> Any:
+    """A NumericsReport whose every name is hostile: labels, root and module class names, module
+    path, input keyword, mesh dims, dtype and the event's text."""
+    from shardviz.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+
+    path = tagged("module", h)
+    out, inp = RowKey(path, 0, "output", ""), RowKey(path, 0, "input", tagged("kwarg", h))
+    modules = (("", tagged("root", h)), (path, tagged("class", h)))
+    y = np.arange(8.0).reshape(2, 4)
+    ref = build_run(
+        tagged("reference", h),
+        RawCapture(
+            1,
+            tagged("root", h),
+            modules,
+            (RawTensor(inp, 0, "float32", {None: y}), RawTensor(out, 1, "float32", {None: y})),
+        ),
+    )
+    lay = sv.layout((2, 4), (2,), ["S(1)"], (tagged("tp", h),))
+    bad = y + 1
+    note = EventNote(3, "collective", tagged("event", h), path, "forward")
+    tensors = (
+        RawTensor(inp, 0, "float32", {None: y}, events=(0, 0)),
+        RawTensor(out, 1, "float32", {0: bad[:, :2], 1: bad[:, 2:]}, lay, events=(0, 4)),
+    )
+    return compare(
+        ref,
+        build_run(
+            tagged("parallel", h), RawCapture(2, tagged("root", h), modules, tensors), events={3: note}
+        ),
+    )
+
+
+@PARAMS
+def test_numerics_export(page, tmp_path, h):
+    w = Watched(page)
+    path = sv.export_html(hostile_report(h), tmp_path / "numerics.html")
+    p = w.open(path, "[data-shardviz-view=numerics][data-ready=true]")
+    p.wait_for_selector("[data-detail-row] [data-shardviz-view=layout] [data-rank='1']")
+    text = text_of(p, "[data-shardviz-view=numerics]")
+    for field in ("reference", "parallel", "root", "class", "module", "kwarg", "tp", "event"):
+        assert tagged(field, h) in text, field
+    w.assert_clean(scripts=2)
+
+
 def _svg_views(h: str) -> dict[str, tuple[Any, int]]:
     """Each static SVG view with the number of rows it draws: lanes for the timeline, curves
     (distinct ranks' lines) for memory."""

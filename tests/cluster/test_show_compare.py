@@ -77,7 +77,20 @@ def spmd_fn():
 
 def rank_dependent():
     x = torch.arange(8.0)
-    t = x.chunk(2)[dist.get_rank()].clone()  # 0 on every simulated rank: differs from real ranks
+    t = x.chunk(2)[dist.get_rank()].clone()  # a list index by rank: the lockstep simulator refuses it
+    dist.all_reduce(t)
+    return t
+
+
+def rank_offset():
+    t = torch.arange(4.0) + 4 * dist.get_rank()  # per-rank arithmetic: each simulated rank its own
+    dist.all_reduce(t)
+    return t
+
+
+def backend_dependent():
+    # code that asks which process-group backend runs it: "fake" in the simulator, "gloo" for real
+    t = torch.arange(4.0) + dist.get_rank() + (10.0 if dist.get_backend() == "gloo" else 0.0)
     dist.all_reduce(t)
     return t
 
@@ -97,13 +110,30 @@ def test_compare_agrees_on_spmd_code(gloo):
         assert torch.equal(c.real.results[r], torch.arange(12.0).reshape(6, 2))
 
 
-def test_compare_reports_rank_dependent_code_per_rank(gloo):
+def test_compare_explains_a_list_index_by_rank(gloo):
     gloo(2)
-    with pytest.warns(Warning):  # the simulator warns about dist.get_rank() itself
-        c = sv.compare(rank_dependent)
+    with pytest.raises(AttributeError, match="per-rank value") as info:
+        sv.compare(rank_dependent)
+    assert "sv.use('threads', world_size=N)" in str(info.value)
+
+
+def test_compare_agrees_on_per_rank_arithmetic(gloo):
+    gloo(2)
+    c = sv.compare(rank_offset)
+    assert c.ok, str(c)
+    # by hand: rank 0 holds [0,1,2,3], rank 1 [4,5,6,7]; their sum on both
+    for r in range(2):
+        assert c.real.results[r].tolist() == [4.0, 6.0, 8.0, 10.0]
+        assert c.simulated.results[r].tolist() == [4.0, 6.0, 8.0, 10.0]
+
+
+def test_compare_reports_differences_per_rank(gloo):
+    gloo(2)
+    c = sv.compare(backend_dependent)
     found = {(d.rank, d.event, d.what) for d in c.differences}
-    # Simulated: both ranks take chunk 0 -> [0,1,2,3]; real rank 1 takes [4,5,6,7].
+    # Each real rank adds 10 to every element before the all_reduce; the simulator does not.
     assert found == {
+        (0, 0, "input values"),
         (1, 0, "input values"),
         (0, 0, "output values"),
         (1, 0, "output values"),
@@ -112,7 +142,9 @@ def test_compare_reports_rank_dependent_code_per_rank(gloo):
     }
     text = str(c)
     assert "rank 1:\n  event #0 input values: 4 of 4 elements differ" in text
-    assert torch.equal(c.real.results[0], torch.tensor([4.0, 6.0, 8.0, 10.0]))
+    # by hand: rank 0 [10,11,12,13] + rank 1 [11,12,13,14]
+    assert torch.equal(c.real.results[0], torch.tensor([21.0, 23.0, 25.0, 27.0]))
+    assert torch.equal(c.simulated.results[0], torch.tensor([1.0, 3.0, 5.0, 7.0]))
 
 
 def test_spmd_compare_magic(ip, gloo):

@@ -35,6 +35,7 @@ PLAIN_DATA = (
     "shardviz/chunks.py",
     "shardviz/layout.py",
     "shardviz/mesh.py",
+    "shardviz/numerics.py",
     "shardviz/placement.py",
 )
 NOT_FOR_PLAIN_DATA = ("torch", "shardviz._torch", "shardviz.recorder", "shardviz.backends", "shardviz.views")

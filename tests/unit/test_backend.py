@@ -174,3 +174,31 @@ def test_foreign_process_group_is_not_clobbered():
         backends.install(None)
         dist.destroy_process_group()
     sv.use("local", world_size=4)
+
+
+def test_a_new_world_does_not_reuse_dtensors_shardings_of_an_old_one():
+    """DTensor caches shardings by specs whose mesh compares by value: an equal (dp, tp) mesh of
+    a later world got the old world's mesh back, whose group names then named other groups."""
+    from torch.distributed.tensor import Replicate
+
+    x = torch.arange(64.0).reshape(8, 8)
+
+    def step():
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        d = distribute_tensor(x, mesh["tp"], [Shard(0)])
+        return (d + 1).redistribute(mesh["tp"], [Replicate()]).to_local()
+
+    sv.use("local", world_size=8)
+    with sv.record():
+        step()
+    sv.use("local", world_size=4)
+    with sv.record():
+        init_device_mesh("cpu", (2, 2))
+    sv.use("local", world_size=8)
+    with sv.record() as trace:
+        init_device_mesh("cpu", (2, 2, 2))  # its groups take the names the old tp group had
+        again = step()
+    for rank, t in _torch.local_tensors(again).items():
+        torch.testing.assert_close(t, x + 1, msg=f"rank {rank}")
+    assert trace.collectives()[-1].groups == ((0, 1, 2, 3), (4, 5, 6, 7))
+    sv.use("local", world_size=4)

@@ -297,7 +297,8 @@ def test_scalar_and_empty_dtensors_draw(dts4):
     assert sc.dims == [-1, -1]
     np.testing.assert_array_equal(decoded(sc, 2), np.array(2.5))
     assert [b.owners for b in g.blocks(sc.tensor_layout, (None, None), ())] == [(0, 1, 2, 3)]
-    assert len(_patches(sv.plot(dts4["scalar"]), "shard-r")) == 4  # one cell in four stripes
+    stripes = _patches(sv.plot(dts4["scalar"]), "shard-r")  # one cell in diagonal stripes of 4 ranks
+    assert {p.get_gid() for p in stripes} == {"shard-r0", "shard-r1", "shard-r2", "shard-r3"}
     em = sv.show(dts4["empty"])
     assert em.geometry["shapes"] == [[0, 3]] * 4
     fig = sv.plot(dts4["empty"])
@@ -372,10 +373,14 @@ def test_plot_draws_one_patch_per_shard_region_and_mesh_cell():
 
 def test_plot_replicate_stripes_partial_hatch_and_3d_mesh():
     fig = sv.plot(sv.layout((4, 6), (2, 2), ["S(0)", "R"]))
-    assert [p.get_gid() for p in _patches(fig, "shard-r")] == ["shard-r0", "shard-r1", "shard-r2", "shard-r3"]
+    # each block: diagonal stripes of its two owners in turn (rows 0-1: ranks 0, 1; rows 2-3: 2, 3)
+    gids = [p.get_gid() for p in _patches(fig, "shard-r")]
+    assert gids[: len(gids) // 2] == ["shard-r0", "shard-r1"] * (len(gids) // 4)
+    assert gids[len(gids) // 2 :] == ["shard-r2", "shard-r3"] * (len(gids) // 4)
     fig = sv.plot(sv.layout((4, 6, 5), (2, 2, 2), ["S(0)", "R", "P"]), index=(2, 0, 0))
-    # row 2 of dim 0 is pp = 1's (rows 2-3): ranks 4-7, one stripe each over the replicated block
-    assert [p.get_gid() for p in _patches(fig, "shard-r")] == [f"shard-r{r}" for r in (4, 5, 6, 7)]
+    # row 2 of dim 0 is pp = 1's (rows 2-3): ranks 4-7 in turn over the replicated block
+    gids = [p.get_gid() for p in _patches(fig, "shard-r")]
+    assert gids[:8] == [f"shard-r{r}" for r in (4, 5, 6, 7)] * 2
     assert len(_patches(fig, "partial")) == 1 + 8  # the drawn block, and every mesh cell
     assert len(_patches(fig, "mesh-r")) == 8
     empty = sv.plot(sv.layout((2, 5), (4,), ["S(0)"]))

@@ -130,7 +130,8 @@ def test_state_is_a_small_columnar_timeline(traces):
     labels = [tl["strings"][i] for i in tl["label"]]
     assert labels[2] == "all_gather · dim 0 · (2,5)→(8,5)"
     assert labels[1] == "redistribute [S(0)] → [R]"
-    assert labels[8] == "all_reduce sum · dim 0 · (6)→(6)"
+    # a raw dist.* call on the default group: no mesh dim, though the world's 1-D mesh reuses it
+    assert labels[8] == "all_reduce sum · (6)→(6)"
     _, text = tl["sources"][tl["source"][8]]
     assert text == "dist.all_reduce(sv.per_rank(lambda r: torch.arange(6.0) + 10 * r))"
     assert state["step"] == 0 and state["link"] == "nvlink4"
@@ -193,7 +194,11 @@ def test_1000_event_trace_keeps_the_synced_state_small():
     size = len(json.dumps({k: getattr(w, k) for k in ("timeline", "info", "step", "link")}))
     print(f"1,000-event trace: synced state {size} bytes (ESM {len(w._esm)} bytes, sent once)")
     assert size < 40_000
-    assert len(w.timeline["steps"]) == 1000 and len(w.timeline["strings"]) == 2
+    # two labels and one mesh dim ("-": none, the filter's), each sent once; the rows' mesh dims
+    # are one run
+    assert len(w.timeline["steps"]) == 1000 and len(w.timeline["strings"]) == 3
+    assert w.timeline["dims"] == [w.timeline["strings"].index("-"), 1000]
+    assert w.timeline["module"] == [-1, 1000]
 
 
 # ---- driving the step -------------------------------------------------------------------------------

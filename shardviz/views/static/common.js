@@ -40,6 +40,19 @@ function html(tag, attrs = {}, parent = null, text = null) {
   return node;
 }
 
+// Run `fn` when the value of a text or number box is committed: on change, and on Enter, which
+// is kept from the notebook (JupyterLab's command mode takes Enter to edit the cell and cancels
+// the box's own commit, so Enter did nothing).
+function onCommit(input, fn) {
+  input.addEventListener("change", () => fn());
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Enter") return;
+    ev.preventDefault();
+    ev.stopPropagation();
+    fn();
+  });
+}
+
 function rankList(ranks) {
   const rs = [...ranks].sort((a, b) => a - b);
   const out = [];
@@ -290,11 +303,49 @@ function makeFill(uid, palette) {
   };
 }
 
+// Diagonal stripes over a w x h block for k owners: per owner, the polygons of its stripes (the
+// block cut by the lines u + v = const, stripe i mod k going to owner i). Same cut as
+// views/mpl.py:_stripes.
+function diagonalStripes(w, h, k) {
+  const width = Math.min(10, Math.max(3, (w + h) / Math.max(6, 3 * k)));
+  const out = Array.from({ length: k }, () => []);
+  const clip = (poly, keep) => {
+    const res = [];
+    for (let i = 0; i < poly.length; i++) {
+      const a = poly[i],
+        b = poly[(i + 1) % poly.length];
+      const fa = keep(a),
+        fb = keep(b);
+      if (fa >= 0) res.push(a);
+      if (fa >= 0 !== fb >= 0) {
+        const t = fa / (fa - fb);
+        res.push([a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1])]);
+      }
+    }
+    return res;
+  };
+  let m = 0;
+  for (let c = 0; c < w + h; c += width, m++) {
+    let poly = [
+      [0, 0],
+      [w, 0],
+      [w, h],
+      [0, h],
+    ];
+    poly = clip(poly, ([u, v]) => u + v - c);
+    poly = clip(poly, ([u, v]) => c + width - (u + v));
+    if (poly.length >= 3) out[m % k].push(poly);
+  }
+  return out;
+}
+
 // ---- drawing a layout (the layout view's tensor and mesh; the player's before / after) -------
 
 // The drawn slice of the global tensor, each block coloured by its owner(s), into `box`.
 // opts: rd, cd, idx (view dims and slider positions), uid, fillFor, addRegion(node, rank), px.
 // Returns what the layout view needs to overlay a heat-map and an outline.
+const TICK_CHAR_PX = 6; // width of a digit of a tick label (.sv-tick, 9 px), generously
+
 function drawTensorGrid(geo, box, opts) {
   const { rd, cd, idx, uid, fillFor } = opts;
   const addRegion = opts.addRegion || ((node, rank) => node.setAttribute("data-rank", String(rank)));
@@ -308,7 +359,9 @@ function drawTensorGrid(geo, box, opts) {
   const h = Math.max(nrows * cell, 28);
   const sx = w / ncols;
   const sy = h / nrows;
-  const padL = rd === null ? 8 : 34;
+  // room for the rotated axis title and the widest row tick (4-digit rows of a big tensor too)
+  const tickChars = rd === null ? 0 : Math.max(...res.rcuts.map((c) => String(c).length));
+  const padL = rd === null ? 8 : Math.max(34, 22 + TICK_CHAR_PX * tickChars);
   const padT = 28;
   const padR = 18;
   const wrap = html("div", { class: "sv-tensor-wrap", style: `width:${w + padL + padR}px;height:${h + padT + 4}px` }, box);
@@ -364,10 +417,12 @@ function drawTensorGrid(geo, box, opts) {
       const rect = svg("rect", { x, y, width: bw, height: bh, fill: fillFor(b.owners[0], defs, used), class: "sv-region" }, bg);
       addRegion(rect, b.owners[0]);
     } else if (b.owners.length <= maxStripes) {
-      const k = b.owners.length;
-      b.owners.forEach((r, i) => {
-        const rect = svg("rect", { x: x + (bw * i) / k, y, width: bw / k, height: bh, fill: fillFor(r, defs, used), class: "sv-region sv-shared" }, bg);
-        addRegion(rect, r);
+      // diagonal stripes, one colour per owner in turn: shared, never read as a split into columns
+      diagonalStripes(bw, bh, b.owners.length).forEach((polys, i) => {
+        const r = b.owners[i];
+        const d = polys.map((pts) => `M${pts.map(([u, v]) => `${(x + u).toFixed(2)},${(y + v).toFixed(2)}`).join("L")}Z`).join("");
+        const path = svg("path", { d, fill: fillFor(r, defs, used), class: "sv-region sv-shared" }, bg);
+        addRegion(path, r);
       });
     } else {
       const rect = svg("rect", { x, y, width: bw, height: bh, class: "sv-region sv-many", "data-ranks": b.owners.join(" ") }, bg);
@@ -405,6 +460,35 @@ function drawTensorGrid(geo, box, opts) {
   const outline = svg("g", { class: "sv-outline" }, g);
   if (res.coarse) html("div", { class: "sv-note" }, box, "very fine shards: neighbouring cuts merged to whole pixels");
   return { rd, cd, idx, sx, sy, w, h, canvas, outline, res };
+}
+
+// A layout's tensor (into tensorBox) and mesh (into meshBox) with its first view dims, one picture
+// per group of a sub-mesh, up to `most` groups: each group holds the whole tensor with its own
+// values, so ranks of different groups are never drawn as one tensor "shared" between them.
+// opts: uid, fillFor, tensorPx, meshPx, most.
+function drawLayoutGroups(geo, tensorBox, meshBox, opts) {
+  const nd = geo.global_shape.length;
+  const rd = nd >= 2 ? nd - 2 : null;
+  const cd = nd >= 1 ? nd - 1 : null;
+  const idx = new Array(nd).fill(0);
+  const insts = geo.instances || [geo];
+  const shown = insts.slice(0, opts.most || 4);
+  for (const inst of shown) {
+    const many = insts.length > 1;
+    const title = many ? `group ${inst.group}: ranks ${rankList(inst.ranks)}` : null;
+    const tb = many ? html("div", { class: "sv-group", "data-group": inst.group }, tensorBox) : tensorBox;
+    if (title) html("div", { class: "sv-grid-title" }, tb, title);
+    if (geo.global_shape.includes(0)) html("div", { class: "sv-empty-tensor" }, tb, `empty tensor ${fmtShape(geo.global_shape)}`);
+    else drawTensorGrid(inst, tb, { rd, cd, idx, uid: `${opts.uid}g${inst.group}`, fillFor: opts.fillFor, px: opts.tensorPx });
+    const mb = many ? html("div", { class: "sv-group", "data-group": inst.group }, meshBox) : meshBox;
+    drawMeshGrids(inst, mb, {
+      uid: `${opts.uid}g${inst.group}`,
+      fillFor: opts.fillFor,
+      px: opts.meshPx,
+      title: title ? `mesh ${fmtShape(geo.mesh_shape)} · ${title}` : undefined,
+    });
+  }
+  if (shown.length < insts.length) html("div", { class: "sv-note" }, tensorBox, `${insts.length - shown.length} more groups hold the same tensor (not drawn)`);
 }
 
 // The mesh: 1-D a row, 2-D a grid, 3-D+ a stack of 2-D grids, each cell a rank, into `box`.

@@ -137,7 +137,7 @@ function render({ model, el, experimental }) {
     if (geo.ranks.length > 16) {
       const gl = html("label", {}, controls, "rank ");
       const go = html("input", { type: "number", min: Math.min(...geo.ranks), max: Math.max(...geo.ranks), "data-control": "goto", class: "sv-goto" }, gl);
-      go.addEventListener("change", () => {
+      onCommit(go, () => {
         const r = Number(go.value);
         if (!geo.byRank.has(r)) return;
         const g = geo.byRank.get(r).group;

@@ -103,7 +103,7 @@ function render({ model, el, experimental }) {
     const input = html("input", { type: "number", min: 0, max: s.world_size - 1, "data-control": "rank", class: "sv-goto", placeholder: "max" }, lab);
     const r = model.get("rank");
     if (r >= 0) input.value = String(r);
-    input.addEventListener("change", () => {
+    onCommit(input, () => {
       const v = input.value === "" ? -1 : Number(input.value);
       if (v === -1 || (Number.isInteger(v) && v >= 0 && v < s.world_size)) setTrait("rank", v);
     });
@@ -225,15 +225,8 @@ function render({ model, el, experimental }) {
     const tensorBox = html("div", { class: "sv-tensor" }, main);
     const meshBox = html("div", { class: "sv-mesh" }, main);
     const fillFor = (rank, defs, used) => makeFill(uid, geo.palette)(rank, defs, used);
-    const nd = geo.global_shape.length;
-    const rd = nd >= 2 ? nd - 2 : null;
-    const cd = nd >= 1 ? nd - 1 : null;
-    if (geo.global_shape.includes(0)) html("div", { class: "sv-empty-tensor" }, tensorBox, `empty tensor ${fmtShape(geo.global_shape)}`);
-    else {
-      html("div", { class: "sv-panel-title" }, tensorBox, `global tensor ${fmtShape(geo.global_shape)}`);
-      drawTensorGrid(geo, tensorBox, { rd, cd, idx: new Array(nd).fill(0), uid, fillFor, px: 300 });
-    }
-    drawMeshGrids(geo, meshBox, { uid, fillFor, px: 260 });
+    html("div", { class: "sv-panel-title" }, tensorBox, `global tensor ${fmtShape(geo.global_shape)}`);
+    drawLayoutGroups(geo, tensorBox, meshBox, { uid, fillFor, tensorPx: geo.instances.length > 1 ? 220 : 300, meshPx: 260, most: 4 });
     const ul = html("ul", { class: "sv-notes" }, lay);
     for (const line of geo.notes) html("li", {}, ul, line);
   }

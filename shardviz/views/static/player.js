@@ -4,8 +4,9 @@
 // player's panels in static/player/ (core.js: the shared state; then one file per panel, plain
 // top-level functions taking the player object) and this file, which wires them to the model.
 //
-// Synced traits: step (the current step, from 0), link (cost preset), timeline (columnar rows,
-// strings deduplicated) and info. Everything per step comes on demand through anywidget commands:
+// Synced traits: step (the current step, from 0), link (cost preset), filter (phase, module,
+// mesh dim, all_ops: which steps and rows show), timeline (columnar rows, strings deduplicated)
+// and info. Everything per step comes on demand through anywidget commands:
 // fetch_step {step} (JSON), fetch_values {step, group} (one binary buffer per tensor) and
 // fetch_ring {step, group} (ring states, one float64 buffer). The offline HTML export answers the
 // same commands from embedded replies.
@@ -32,6 +33,12 @@ function render({ model, el, experimental }) {
     drawTotals(p);
     drawDetail(p);
   }
+  function onFilter() {
+    drawFilter(p);
+    applyFilter(p);
+    drawCurrent(p);
+    markTimeline(p);
+  }
   function onData() {
     p.tl = model.get("timeline");
     p.info = model.get("info");
@@ -43,6 +50,8 @@ function render({ model, el, experimental }) {
   function drawAll() {
     drawHead(p);
     drawControls(p);
+    p.quiet = new Set(p.tl.quiet || []);
+    drawFilter(p);
     drawTimeline(p);
     drawCurrent(p);
     markTimeline(p);
@@ -52,6 +61,7 @@ function render({ model, el, experimental }) {
   const unlisten = listen(model, [
     ["change:step", onStep],
     ["change:link", onLink],
+    ["change:filter", onFilter],
     ["change:timeline", onData],
     ["change:info", onData],
   ]);

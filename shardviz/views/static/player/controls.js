@@ -29,6 +29,9 @@ function drawControls(p) {
   p.playBtn = button("play", "▶ play", "play / pause (space)");
   button("next", "next ›", "next step (→)");
   button("last", "last »", "last step (End)");
+  if (p.info.step_start !== null && p.info.step_start !== undefined) {
+    button("start", "⇥ training step", `the first collective inside a module's forward or backward (step ${p.info.step_start + 1}), past the setup`);
+  }
   const slider = html("input", { type: "range", min: 0, max: Math.max(n - 1, 0), value: stepNow(p), "data-control": "step", "aria-label": "step" }, controls);
   slider.disabled = n === 0;
   slider.addEventListener("input", () => setStep(p, Number(slider.value)));
@@ -44,24 +47,29 @@ function drawControls(p) {
   });
 }
 
+// Moves go between the steps the filter keeps (all of them with no filter).
 function act(p, action) {
   const k = stepNow(p);
-  if (action === "first") setStep(p, 0);
-  else if (action === "prev") setStep(p, k - 1);
-  else if (action === "next") setStep(p, k + 1);
-  else if (action === "last") setStep(p, nSteps(p) - 1);
-  else if (action === "play") togglePlay(p);
+  const shown = shownSteps(p);
+  if (action === "play") togglePlay(p);
+  else if (action === "start") setStep(p, p.info.step_start);
+  else if (!shown.length) return;
+  else if (action === "first") setStep(p, shown[0]);
+  else if (action === "last") setStep(p, shown[shown.length - 1]);
+  else if (action === "next") setStep(p, shown.find((s) => s > k) ?? k);
+  else if (action === "prev") setStep(p, [...shown].reverse().find((s) => s < k) ?? k);
 }
 
 function togglePlay(p) {
   if (p.playing) {
     clearInterval(p.playing);
     p.playing = null;
-  } else if (nSteps(p) > 1) {
-    if (stepNow(p) >= nSteps(p) - 1) setStep(p, 0);
+  } else if (shownSteps(p).length > 1) {
+    const last = () => shownSteps(p).at(-1);
+    if (stepNow(p) >= last()) act(p, "first");
     p.playing = setInterval(() => {
-      if (stepNow(p) >= nSteps(p) - 1) togglePlay(p);
-      else setStep(p, stepNow(p) + 1);
+      if (stepNow(p) >= last()) togglePlay(p);
+      else act(p, "next");
     }, PLAY_MS);
   }
   p.root.classList.toggle("sv-playing", !!p.playing);
@@ -91,8 +99,9 @@ function drawCurrent(p) {
   if (src) html("code", { class: "sv-current-src" }, current, `line ${src[0]}: ${src[1]}`);
   // at an end the buttons stay enabled (a click is a no-op), only greyed: scripts and tests may
   // click "first" on the first step (Playwright also treats aria-disabled as disabled)
-  for (const b of controls.querySelectorAll("[data-action=first], [data-action=prev]")) b.classList.toggle("sv-at-end", k === 0);
-  for (const b of controls.querySelectorAll("[data-action=next], [data-action=last]")) b.classList.toggle("sv-at-end", k >= n - 1);
+  const shown = shownSteps(p);
+  for (const b of controls.querySelectorAll("[data-action=first], [data-action=prev]")) b.classList.toggle("sv-at-end", !shown.some((s) => s < k));
+  for (const b of controls.querySelectorAll("[data-action=next], [data-action=last]")) b.classList.toggle("sv-at-end", !shown.some((s) => s > k));
 }
 
 function listenKeys(p) {

@@ -40,6 +40,11 @@ function makePlayer({ model, el, experimental }) {
     groupPick: 0,
     token: 0, // the latest detail drawing; an older one that resolves late draws nothing
     rows: [], // timeline row index -> element
+    quiet: new Set(), // timeline rows folded unless the filter asks for all operators
+    rowModule: [], // per timeline row: its module (a string id) and its mesh dims (steps.py:rle)
+    rowDims: [],
+    shownCurrent: -1, // the timeline row the filter last kept shown as the current one
+    filterCount: null,
     slider: null,
     stepLabel: null,
     playBtn: null,
@@ -49,7 +54,9 @@ function makePlayer({ model, el, experimental }) {
   p.controls = html("div", { class: "sv-controls" }, p.root);
   p.current = html("div", { class: "sv-current", "aria-live": "polite" }, p.root);
   p.main = html("div", { class: "sv-main" }, p.root);
-  p.timelineBox = html("div", { class: "sv-timeline", role: "list" }, p.main);
+  p.side = html("div", { class: "sv-side-col" }, p.main);
+  p.filterBox = html("div", { class: "sv-filter" }, p.side);
+  p.timelineBox = html("div", { class: "sv-timeline", role: "list" }, p.side);
   p.detailBox = html("div", { class: "sv-detail" }, p.main);
   p.totals = html("div", { class: "sv-totals" }, p.root);
   return p;

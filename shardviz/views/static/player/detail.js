@@ -56,9 +56,12 @@ function drawMeta(p, d) {
   const bits = [];
   if (d.kind === "collective") {
     if (d.reduce_op) bits.push(`reduce ${d.reduce_op}`);
-    if (d.root !== null && d.root !== undefined) bits.push(`root index ${d.root} (rank${d.roots.length > 1 ? "s" : ""} ${d.roots.join(", ")})`);
-    const where = d.mesh_dim_name || (d.mesh_dim !== null && d.mesh_dim !== undefined ? `dim ${d.mesh_dim}` : null);
-    bits.push(where ? `mesh ${where}` : "groups match no mesh dim");
+    if (d.pairs?.length) {
+      // send / recv: who sends to whom (the recorded root is the peer's index in each pair)
+      const moves = d.pairs.slice(0, 6).map(([a, b]) => `rank ${a} → rank ${b}`);
+      bits.push(`${moves.join(", ")}${d.pairs.length > 6 ? " …" : ""}`);
+    } else if (d.root !== null && d.root !== undefined) bits.push(`root index ${d.root} (rank${d.roots.length > 1 ? "s" : ""} ${d.roots.join(", ")})`);
+    bits.push(d.where);
     bits.push(
       `${d.groups.length} group${d.groups.length === 1 ? "" : "s"} of ${d.groups[0] ? d.groups[0].length : 0}: ${d.groups
         .slice(0, 6)

@@ -10,17 +10,12 @@ function drawLayoutMini(p, payload, parent, title) {
     return;
   }
   const geo = prepare(payload);
-  const nd = geo.global_shape.length;
-  const rd = nd >= 2 ? nd - 2 : null;
-  const cd = nd >= 1 ? nd - 1 : null;
-  const idx = geo.global_shape.map(() => 0);
-  const fillFor = makeFill(`${p.uid}-${title.replace(/\W/g, "")}`, geo.palette);
+  const uid = `${p.uid}-${title.replace(/\W/g, "")}`;
+  const fillFor = makeFill(uid, geo.palette);
   const tbox = html("div", { class: "sv-tensor" }, wrap);
   html("div", { class: "sv-sub" }, tbox, `[${geo.placements.join(", ")}] on mesh ${fmtShape(geo.mesh_shape)}`);
-  if (geo.global_shape.includes(0)) html("div", { class: "sv-empty-tensor" }, tbox, `empty tensor ${fmtShape(geo.global_shape)}`);
-  else drawTensorGrid(geo, tbox, { rd, cd, idx, uid: `${p.uid}-${title.replace(/\W/g, "")}`, fillFor, px: 200 });
   const mbox = html("div", { class: "sv-mesh" }, wrap);
-  drawMeshGrids(geo, mbox, { uid: p.uid, fillFor, px: 140 });
+  drawLayoutGroups(geo, tbox, mbox, { uid, fillFor, tensorPx: 200, meshPx: 140, most: 2 });
 }
 
 function drawRedistribute(p, d) {

@@ -1,0 +1,336 @@
+"""``sv.diff`` and ``sv.numerics``: where does the parallel run first differ from the single-device one?
+
+The reference is the user's unsharded model, deep-copied and run in plain torch in this process,
+outside any simulation. The parallel side is ``parallelize(copy)`` — the user's function: it builds
+the mesh, applies TP / FSDP / anything, and returns the module — run through ``sv.run`` on the
+current backend (the lockstep simulator, or real ranks), with the same inputs, loss and optimizer.
+Both runs are captured module by module (``numerics_capture``), assembled into full tensors and
+compared row by row (``numerics``); the parallel run's trace names the collectives and
+redistributes just before the first difference.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import nn
+
+from . import _torch, backends, describe, numerics_capture
+from .errors import BackendError
+from .numerics import (
+    EventNote,
+    NumericsReport,
+    RawCapture,
+    StepNumerics,
+    ToleranceSpec,
+    build_run,
+    check_tolerance,
+    compare,
+    merge_raw,
+)
+from .numerics_capture import DEFAULT_BUDGET
+from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
+
+
+def numerics(
+    model: nn.Module,
+    inputs: Any,
+    parallelize: Callable[[nn.Module], Any] | None = None,
+    *,
+    loss: Callable[[Any], Any] | None = None,
+    optimizer: Callable[[Any], Any] | bool | None = None,
+    tolerance: ToleranceSpec = None,
+    modules: Sequence[str] | None = None,
+    backward: bool = True,
+    budget: int = DEFAULT_BUDGET,
+    seed: int | None = 0,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    reference: StepNumerics | None = None,
+) -> StepNumerics:
+    """One training step of ``model`` captured module by module, as full tensors.
+
+    Without ``parallelize``: a deep copy of ``model`` in plain torch, here. With it: a deep copy
+    given to ``parallelize`` (which builds the mesh, shards the model and returns it) inside
+    ``sv.run`` on the current backend; plain local tensors are laid out in the global shapes of
+    ``reference`` (a plain run, made here when not given). ``sv.diff(a, b)`` compares two of them.
+    Options: see :func:`diff`.
+    """
+    _check_common(model, inputs, loss, optimizer, tolerance, modules, budget)
+    if parallelize is None:
+        _outside_simulation("sv.numerics")
+        raw = numerics_capture.run_step(
+            copy.deepcopy(model),
+            inputs,
+            loss=loss,
+            optimizer=optimizer,
+            budget=budget,
+            backward=backward,
+            modules=modules,
+            seed=seed,
+        )
+        return build_run("plain torch", raw, tolerance=tolerance)
+    if not callable(parallelize):
+        raise TypeError(
+            f"sv.numerics: parallelize must be a function that takes the model and returns it parallelized, "
+            f"not a {type(parallelize).__name__}"
+        )
+    if reference is None:
+        reference = numerics(
+            model,
+            inputs,
+            loss=loss,
+            optimizer=optimizer,
+            modules=modules,
+            backward=backward,
+            budget=budget,
+            seed=seed,
+        )
+    backend = backends.current()
+    raw, trace = _parallel_step(
+        backend,
+        model,
+        inputs,
+        parallelize,
+        loss=loss,
+        optimizer=optimizer,
+        modules=modules,
+        backward=backward,
+        budget=budget,
+        seed=seed,
+        values=values,
+    )
+    label = f"{_name(parallelize)} on {backend.name} ({backend.world_size} ranks)"
+    events = event_notes(trace, _caller())
+    return build_run(label, raw, shapes=reference.shapes(), tolerance=tolerance, events=events, trace=trace)
+
+
+def diff(
+    reference: Any,
+    parallel: Any,
+    inputs: Any = None,
+    *,
+    against: Callable[[nn.Module], Any] | str | None = None,
+    loss: Callable[[Any], Any] | None = None,
+    optimizer: Callable[[Any], Any] | bool | None = None,
+    tolerance: ToleranceSpec = None,
+    modules: Sequence[str] | None = None,
+    backward: bool = True,
+    budget: int = DEFAULT_BUDGET,
+    seed: int | None = 0,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    context: int = 6,
+) -> NumericsReport:
+    """Where does the parallel run of a training step first differ from the single-device one?
+
+    ``sv.diff(model, parallelize, inputs)``: ``model`` is the unsharded module; ``parallelize`` a
+    function that takes a copy of it (same initial weights), builds the mesh, applies TP / FSDP /
+    any plan and returns the module. The same step — ``model(*inputs)``, ``loss(output)``,
+    backward, ``optimizer(params).step()`` — runs in plain torch here (the reference) and through
+    ``sv.run`` on the current backend (the lockstep simulator, one thread per rank, or real ranks).
+    Every module call's inputs and outputs, the gradients flowing back out of it, every parameter
+    at the start, its gradient and its value after the step are assembled into full tensors from
+    the ranks' shards (replicas checked against each other) and compared; the report names the
+    first row beyond tolerance, with the collectives and redistributes just before it, then
+    everything after.
+
+    ``against=``: another ``parallelize`` function (two parallel configurations: TP=2 against
+    TP=4), or ``"simulator"`` on real ranks or threads (the same function in the lockstep simulator
+    against them); the other side is then the reference. ``sv.diff(a, b)`` compares two
+    ``sv.numerics`` runs.
+
+    Options: ``loss`` (default: the output's mean), ``optimizer`` (a function of the parameters;
+    default SGD with lr 0.01; False: no step), ``tolerance`` (by dtype: float32 rtol 1e-5 and atol
+    1e-5 of the tensor's largest value, bfloat16 1e-2, ...; a number, a (rtol, atol) pair or a dict
+    by dtype name overrides), ``modules`` (capture only these module paths and their children),
+    ``backward=False`` (no full backward hooks: for models that write their outputs in place),
+    ``budget`` (bytes of captured values, every rank's; default 256 MiB; past it a
+    ``NumericsBudgetError`` says what to do), ``seed`` (``torch.manual_seed`` before each run),
+    ``values`` (the parallel run's trace value policy), ``context`` (events kept per row).
+
+    The inputs are the same on every rank. The model must be deterministic (no dropout).
+    """
+    if isinstance(reference, StepNumerics) or isinstance(parallel, StepNumerics):
+        if not (isinstance(reference, StepNumerics) and isinstance(parallel, StepNumerics)):
+            raise TypeError(
+                "sv.diff(a, b) with captured runs needs two StepNumerics (from sv.numerics); to run a "
+                "model, pass sv.diff(model, parallelize, inputs)"
+            )
+        if inputs is not None or against is not None:
+            raise TypeError("sv.diff(a, b) of two captured runs takes no inputs or against=: they have run")
+        check_tolerance(tolerance)
+        return compare(reference, parallel, tolerance, context=context)
+    if not isinstance(reference, nn.Module):
+        raise TypeError(
+            f"sv.diff(model, parallelize, inputs): the first argument is the unsharded nn.Module, not a "
+            f"{type(reference).__name__}"
+        )
+    if not callable(parallel) or isinstance(parallel, nn.Module):
+        raise TypeError(
+            "sv.diff(model, parallelize, inputs): the second argument is a function that takes a copy of the "
+            f"model, parallelizes it and returns it; got a {type(parallel).__name__}"
+        )
+    if inputs is None:
+        raise TypeError(
+            "sv.diff(model, parallelize, inputs): give the inputs (a tensor, a tuple of them, or a dict)"
+        )
+    if against is not None and not (callable(against) or against == "simulator"):
+        raise ValueError(f"against={against!r}: give another parallelize function, or 'simulator'")
+    opts: dict[str, Any] = dict(
+        loss=loss, optimizer=optimizer, modules=modules, backward=backward, budget=budget, seed=seed
+    )
+    _check_common(reference, inputs, loss, optimizer, tolerance, modules, budget)
+    plain = numerics(reference, inputs, **opts)
+    base = plain
+    if against == "simulator":
+        base = _in_simulator(reference, inputs, parallel, plain, opts, values, tolerance)
+    elif callable(against):
+        base = numerics(
+            reference, inputs, against, tolerance=tolerance, values=values, reference=plain, **opts
+        )
+    par = numerics(reference, inputs, parallel, tolerance=tolerance, values=values, reference=plain, **opts)
+    return compare(base, par, tolerance, context=context)
+
+
+def _in_simulator(
+    model: nn.Module,
+    inputs: Any,
+    parallelize: Callable[[nn.Module], Any],
+    plain: StepNumerics,
+    opts: dict[str, Any],
+    values: str | int,
+    tolerance: ToleranceSpec,
+) -> StepNumerics:
+    from .compare import _simulator
+
+    real = backends.current()
+    if real.simulated:
+        raise BackendError(
+            "sv.diff(..., against='simulator') sets real ranks (or one thread per rank) against the "
+            "lockstep simulator: switch first (sv.use('gloo', world_size=4) or sv.use('threads', "
+            "world_size=4)); in the simulator, sv.diff(model, parallelize, inputs) compares with plain torch"
+        )
+    with _simulator(real.world_size):
+        return numerics(
+            model, inputs, parallelize, tolerance=tolerance, values=values, reference=plain, **opts
+        )
+
+
+def _parallel_step(
+    backend: Any,
+    model: nn.Module,
+    inputs: Any,
+    parallelize: Callable[[nn.Module], Any],
+    *,
+    loss: Callable[[Any], Any] | None,
+    optimizer: Callable[[Any], Any] | bool | None,
+    modules: Sequence[str] | None,
+    backward: bool,
+    budget: int,
+    seed: int | None,
+    values: str | int,
+) -> tuple[RawCapture, Trace]:
+    """The step on every rank of ``backend``, through ``sv.run``; each rank reports its pieces."""
+    from .record import run
+
+    _outside_simulation("sv.diff")
+    world = backend.world_size
+    device = backend.device_type()
+    twin = copy.deepcopy(model)  # made here, outside the simulation: plain tensors every rank starts from
+    share = budget if backend.simulated else max(1, budget // world)
+
+    def step() -> Any:
+        return numerics_capture.run_step(
+            twin,
+            inputs,
+            parallelize=parallelize,
+            loss=loss,
+            optimizer=optimizer,
+            world_size=world,
+            device=device,
+            budget=share,
+            backward=backward,
+            modules=modules,
+            seed=seed,
+        )
+
+    trace = run(step, values=values)
+    results = trace.results or {}
+    raws = [v for _, v in sorted(results.items()) if isinstance(v, RawCapture)]
+    if not raws:
+        raise BackendError(
+            f"sv.diff: the ranks returned no capture ({sorted(results)}); this is a shardviz bug"
+        )
+    return merge_raw(raws), trace
+
+
+def event_notes(trace: Trace, caller: Source | None = None) -> dict[int, EventNote]:
+    """The trace's collectives and redistributes in words, for the report: what each is, the
+    module and phase it ran in, and the user's line — unless that is only the ``sv.diff`` call
+    (``caller``), as it is for a model whose code lives in an installed library."""
+    out = {}
+    for e in trace.events:
+        if e.kind not in ("collective", "redistribute"):
+            continue
+        text = describe.line(e)
+        where = describe.context(e)
+        if where:
+            text += f" {where}"
+        src = e.source
+        if src is not None and src.text and src != caller:
+            text += f"  <- {src.text}"
+        out[e.id] = EventNote(e.id, e.kind, text, numerics_capture.strip_root(e.module), e.phase, e.parent)
+    return out
+
+
+def _caller() -> Source | None:
+    """The user's line that called into shardviz, as the recorder writes an event's source."""
+    from .recorder import frames
+
+    return frames.source(frames.user_frame(sys._getframe(1))[0])
+
+
+def _name(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "parallelize" if name == "<lambda>" else name
+
+
+def _outside_simulation(who: str) -> None:
+    if _torch.active_local_mode() is not None:
+        raise BackendError(
+            f"{who} runs the reference in plain torch and the parallel step through sv.run itself: call it "
+            "outside sv.record() and %%spmd cells"
+        )
+
+
+def _check_common(
+    model: Any,
+    inputs: Any,
+    loss: Any,
+    optimizer: Any,
+    tolerance: ToleranceSpec,
+    modules: Sequence[str] | None,
+    budget: int,
+) -> None:
+    """Refuse bad arguments before anything runs: a typo found after the simulation is costly."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"sv.numerics needs the unsharded nn.Module, not a {type(model).__name__}")
+    if loss is not None and not callable(loss):
+        raise TypeError(f"loss= must be a function of the model's output, not a {type(loss).__name__}")
+    if optimizer not in (None, True, False) and not callable(optimizer):
+        raise TypeError(
+            "optimizer= must be a function of the parameters (lambda params: torch.optim.SGD(params, "
+            f"lr=0.1)), or False for no step; got a {type(optimizer).__name__}"
+        )
+    if isinstance(optimizer, type):
+        raise TypeError(
+            f"optimizer={optimizer.__name__}: give a function that builds it with its options, e.g. "
+            f"lambda params: {optimizer.__module__}.{optimizer.__name__}(params, lr=0.1)"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+        raise ValueError(f"budget={budget!r}: a positive number of bytes")
+    if modules is not None and (isinstance(modules, str) or not all(isinstance(m, str) for m in modules)):
+        raise TypeError('modules= is a list of module paths, e.g. ["layers.0", "output"]')
+    check_tolerance(tolerance)

@@ -1,0 +1,291 @@
+// shardviz numerics report: where a parallel run of a training step leaves the reference run.
+// The module tree, one line per module and per captured tensor, coloured by the largest error in
+// units of the tolerance; click a row for its tensor: the layout (drawn by the layout view's code)
+// with a per-element error heat-map, the description, and the trace events just before it.
+// Hand-written ESM, no bundler; Python prepends common.js. It reads the synced traits (summary,
+// selected, title) and asks the kernel for a row's detail through the `detail` command
+// ({row: i} -> description, geometry payload, events, and the error as one binary buffer).
+//
+// DOM contract: the root has data-shardviz-view="numerics"; every tensor row carries
+// data-row="<index>", data-status="<status>" and data-module="<module>", the first difference
+// data-first="true"; the detail's events carry data-event-id; the inline layout has
+// data-shardviz-view="layout" and its shard regions data-rank="<rank>".
+
+const STATUS_TEXT = {
+  ok: "ok",
+  differs: "DIFFERS",
+  replicas: "REPLICAS DISAGREE",
+  shape: "SHAPE DIFFERS",
+  unassembled: "not assembled",
+  missing: "in one run only",
+};
+const HEAT_LO = -6; // log10 of the smallest error drawn (in units of the tolerance)
+const HEAT_HI = 2; // and of the largest
+
+function fmtErr(v) {
+  if (v === null || v === undefined) return "–";
+  if (v === 0) return "0";
+  if (v >= 1e300) return "inf";
+  return Math.abs(v) >= 1e-3 && Math.abs(v) < 1e4 ? Number(v.toPrecision(2)).toString() : v.toExponential(1);
+}
+
+// Colour of an error in units of the tolerance: pale below it, orange to red past it.
+function errColor(units, status) {
+  if (status === "unassembled" || status === "missing") return "#eeeeee";
+  if (status === "replicas" || status === "shape") return "#f4a6a6";
+  if (units === null || units === undefined) return "transparent";
+  if (units > 1) return units >= 100 ? "#e06666" : "#f4b183";
+  const t = Math.max(0, Math.min(1, (Math.log10(Math.max(units, 1e-6)) + 6) / 6));
+  const [r, g, b] = lerpColor("#ffffff", "#fff2b3", t);
+  return `rgb(${r},${g},${b})`;
+}
+
+function heatT(v) {
+  if (Number.isNaN(v) || v >= 1e30) return 1;
+  const l = Math.log10(Math.max(v, 10 ** HEAT_LO));
+  return Math.max(0, Math.min(1, (l - HEAT_LO) / (HEAT_HI - HEAT_LO)));
+}
+
+function render({ model, el, experimental }) {
+  const invoke = makeInvoke(model, experimental);
+  const root = html("div", { class: "shardviz sv-numerics", "data-shardviz-view": "numerics" }, el);
+  const uid = `sv${Math.random().toString(36).slice(2, 9)}`;
+  const cache = new Map(); // row -> Promise<[reply, buffers]>
+  const head = html("div", { class: "sv-head" }, root);
+  const tableBox = html("div", { class: "sv-table-box" }, root);
+  const detailBox = html("div", { class: "sv-detail", "aria-live": "polite" }, root);
+  const S = () => model.get("summary");
+
+  function setTrait(name, value) {
+    model.set(name, value);
+    model.save_changes();
+  }
+
+  function drawHead() {
+    head.replaceChildren();
+    const s = S();
+    html("div", { class: "sv-title" }, head, model.get("title") || `numerics: ${s.parallel} against ${s.reference}`);
+    const pre = html("pre", { class: "sv-summary" }, head);
+    pre.textContent = s.head.join("\n");
+    const key = html("div", { class: "sv-key" }, head);
+    const swatch = (color, text) => {
+      const item = html("span", { class: "sv-key-item" }, key);
+      html("span", { class: "sv-key-swatch", style: `background:${color}` }, item);
+      item.appendChild(document.createTextNode(` ${text}`));
+    };
+    swatch(errColor(1e-6, "ok"), "exact");
+    swatch(errColor(0.5, "ok"), "within tolerance");
+    swatch(errColor(2, "differs"), "beyond");
+    swatch(errColor(1000, "differs"), "far beyond");
+    swatch(errColor(null, "replicas"), "replicas disagree / shape");
+    swatch(errColor(null, "unassembled"), "not assembled");
+  }
+
+  function drawTable() {
+    tableBox.replaceChildren();
+    const s = S();
+    const L = s.lines;
+    const R = s.rows;
+    const sel = model.get("selected");
+    const table = html("table", { class: "sv-numerics-table" }, tableBox);
+    const hr = html("tr", {}, html("thead", {}, table));
+    for (const c of ["module / tensor", "phase", "shape", "dtype", "max abs", "max rel", "error / tol", "status"]) html("th", {}, hr, c);
+    const body = html("tbody", {}, table);
+    for (let k = 0; k < L.depth.length; k++) {
+      const i = L.row[k];
+      const pad = `${8 + 14 * L.depth[k]}px`;
+      if (i < 0) {
+        const tr = html("tr", { class: "sv-module-row", "data-status": L.status[k] }, body);
+        const td = html("td", { colspan: 6, style: `padding-left:${pad}` }, tr, L.name[k]);
+        td.title = L.name[k];
+        html("td", { class: "sv-num", style: `background:${errColor(L.worst[k], L.status[k])}` }, tr, fmtErr(L.worst[k]));
+        html("td", {}, tr, L.status[k] === "ok" ? "" : STATUS_TEXT[L.status[k]]);
+        continue;
+      }
+      const attrs = {
+        class: `sv-row sv-status-${R.status[i]}${i === sel ? " sv-selected" : ""}`,
+        "data-row": i,
+        "data-status": R.status[i],
+        "data-module": R.module[i],
+        tabindex: 0,
+      };
+      if (i === s.first) attrs["data-first"] = "true";
+      const tr = html("tr", attrs, body);
+      const call = R.call[i] ? ` #${R.call[i]}` : "";
+      html("td", { style: `padding-left:${pad}` }, tr, `${R.what[i]}${call}`);
+      html("td", {}, tr, R.phase[i]);
+      html("td", {}, tr, R.shape[i] === null ? "–" : fmtShape(R.shape[i]));
+      html("td", {}, tr, R.dtype[i]);
+      html("td", { class: "sv-num" }, tr, fmtErr(R.max_abs[i]));
+      html("td", { class: "sv-num" }, tr, fmtErr(R.max_rel[i]));
+      html("td", { class: "sv-num", style: `background:${errColor(R.worst[i], R.status[i])}`, title: `tolerance: ${R.tolerance[i]}` }, tr, fmtErr(R.worst[i]));
+      html("td", { class: i === s.first ? "sv-first" : "" }, tr, (i === s.first ? "first: " : "") + STATUS_TEXT[R.status[i]]);
+    }
+  }
+
+  function fetchDetail(i) {
+    if (!cache.has(i)) {
+      const p = invoke("detail", { row: i }).then(([reply, buffers]) => {
+        if (!reply || reply.error) throw new Error(reply ? reply.error : "no reply");
+        return [reply, buffers];
+      });
+      p.catch(() => cache.delete(i));
+      cache.set(i, p);
+    }
+    return cache.get(i);
+  }
+
+  async function drawDetail() {
+    detailBox.replaceChildren();
+    const s = S();
+    const i = model.get("selected");
+    if (!(i >= 0 && i < s.rows.what.length)) {
+      html("div", { class: "sv-note" }, detailBox, "click a row to see its tensor: layout, error per element, and the collectives before it");
+      return;
+    }
+    const wait = html("div", { class: "sv-note" }, detailBox, "loading…");
+    let reply;
+    let buffers;
+    try {
+      [reply, buffers] = await fetchDetail(i);
+    } catch (err) {
+      wait.textContent = `detail unavailable: ${err.message}`;
+      return;
+    }
+    if (model.get("selected") !== i) return;
+    wait.remove();
+    const box = html("div", { class: "sv-row-detail", "data-detail-row": i }, detailBox);
+    const pre = html("pre", { class: "sv-lines" }, box);
+    pre.textContent = reply.lines.join("\n");
+    if (reply.geometry) drawLayout(box, reply, buffers);
+    else html("div", { class: "sv-note" }, box, "no layout: this tensor was not assembled from shards");
+    const ev = html("div", { class: "sv-events" }, box);
+    html(
+      "div",
+      { class: "sv-panel-title" },
+      ev,
+      reply.events_during ? "collectives and redistributes while it ran" : "collectives and redistributes just before it",
+    );
+    if (!reply.events.length) html("div", { class: "sv-note" }, ev, "none recorded");
+    const ul = html("ul", {}, ev);
+    for (const e of reply.events) html("li", { "data-event-id": e.id, class: `sv-event sv-event-${e.kind}` }, ul, `#${e.id} ${e.text}`);
+  }
+
+  function drawLayout(box, reply, buffers) {
+    const geo = prepare(reply.geometry);
+    const inst = geo.instances[0];
+    const lay = html("div", { class: "sv-layout sv-inline-layout", "data-shardviz-view": "layout" }, box);
+    const controls = html("div", { class: "sv-controls" }, lay);
+    const main = html("div", { class: "sv-main" }, lay);
+    const tensorBox = html("div", { class: "sv-tensor" }, main);
+    const meshBox = html("div", { class: "sv-mesh" }, main);
+    const fillFor = (rank, defs, used) => makeFill(uid, geo.palette)(rank, defs, used);
+    const nd = geo.global_shape.length;
+    const rd = nd >= 2 ? nd - 2 : null;
+    const cd = nd >= 1 ? nd - 1 : null;
+    const idx = (reply.index || new Array(nd).fill(0)).slice();
+    const vals = reply.heat && buffers.length ? decodeValues(reply.heat, buffers[0]) : null;
+    const title = `${reply.inferred ? "layout inferred from shapes" : "layout"}${geo.instances.length > 1 ? ` (group 0 of ${geo.instances.length})` : ""}`;
+    html(
+      "div",
+      { class: "sv-panel-title" },
+      tensorBox,
+      `${title} · ${fmtShape(geo.global_shape)}${nd > 2 ? ` at [${idx.slice(0, nd - 2).join(", ")}, :, :]` : ""}`,
+    );
+    if (geo.global_shape.includes(0)) {
+      html("div", { class: "sv-empty-tensor" }, tensorBox, `empty tensor ${fmtShape(geo.global_shape)}`);
+      drawMeshGrids(inst, meshBox, { uid, fillFor, px: 220 });
+      return;
+    }
+    const st = drawTensorGrid(inst, tensorBox, { rd, cd, idx, uid, fillFor, px: 300 });
+    drawMeshGrids(inst, meshBox, { uid, fillFor, px: 220 });
+    const legend = html("div", { class: "sv-heat-legend" }, lay);
+    if (!vals) {
+      legend.textContent = "no per-element error for this row";
+      return;
+    }
+    const lab = html("label", { class: "sv-toggle" }, controls);
+    const toggle = html("input", { type: "checkbox", "data-control": "error-heatmap" }, lab);
+    toggle.checked = true;
+    lab.appendChild(document.createTextNode(" error heat-map (off: the ranks that hold each element)"));
+    toggle.addEventListener("change", () => lay.classList.toggle("sv-heat-on", toggle.checked));
+    drawHeat(st, vals, idx);
+    lay.classList.add("sv-heat-on");
+    html("span", {}, legend, `error / tolerance, log scale: 1e${HEAT_LO} `);
+    html("span", { class: "sv-colorbar", style: `background:linear-gradient(to right, ${VIRIDIS.join(",")})` }, legend);
+    html("span", {}, legend, ` 1e${HEAT_HI}+ (tolerance at ${Math.round(((0 - HEAT_LO) / (HEAT_HI - HEAT_LO)) * 100)}%)`);
+    if (vals.step.some((x) => x > 1)) html("span", { class: "sv-note" }, legend, ` · sampled every ${vals.step.join("×")} elements`);
+  }
+
+  function drawHeat(st, vals, idx) {
+    const { rd, cd } = st;
+    const step = vals.step;
+    const rows = rd === null ? 1 : vals.shape[rd];
+    const cols = cd === null ? 1 : vals.shape[cd];
+    let base = 0;
+    for (let d = 0; d < vals.shape.length; d++) if (d !== rd && d !== cd) base += Math.floor(idx[d] / step[d]) * vals.strides[d];
+    const rs = rd === null ? 0 : vals.strides[rd];
+    const cs = cd === null ? 0 : vals.strides[cd];
+    const canvas = st.canvas;
+    canvas.width = cols;
+    canvas.height = rows;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(cols, rows);
+    for (let i = 0; i < rows; i++)
+      for (let j = 0; j < cols; j++) {
+        const rgb = heatRGB(heatT(vals.heat(base + i * rs + j * cs)));
+        const o = 4 * (i * cols + j);
+        img.data[o] = rgb[0];
+        img.data[o + 1] = rgb[1];
+        img.data[o + 2] = rgb[2];
+        img.data[o + 3] = 255;
+      }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  function rowOf(target) {
+    const tr = target.closest ? target.closest("tr[data-row]") : null;
+    return tr && root.contains(tr) ? Number(tr.dataset.row) : null;
+  }
+  function pick(i) {
+    if (i === null) return;
+    setTrait("selected", model.get("selected") === i ? -1 : i);
+  }
+  tableBox.addEventListener("click", (ev) => pick(rowOf(ev.target)));
+  tableBox.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Enter" && ev.key !== " ") return;
+    const i = rowOf(ev.target);
+    if (i === null) return;
+    ev.preventDefault();
+    pick(i);
+  });
+
+  const onSelected = () => {
+    for (const tr of tableBox.querySelectorAll("tr.sv-selected")) tr.classList.remove("sv-selected");
+    const tr = tableBox.querySelector(`tr[data-row="${model.get("selected")}"]`);
+    if (tr) tr.classList.add("sv-selected");
+    drawDetail();
+  };
+  const onSummary = () => {
+    cache.clear();
+    drawHead();
+    drawTable();
+    drawDetail();
+  };
+  const unlisten = listen(model, [
+    ["change:summary", onSummary],
+    ["change:selected", onSelected],
+    ["change:title", drawHead],
+  ]);
+  drawHead();
+  drawTable();
+  drawDetail();
+  root.dataset.ready = "true";
+
+  return () => {
+    unlisten();
+    root.remove();
+  };
+}
+
+export default { render };

@@ -1,0 +1,133 @@
+"""Issue 26: the NumericsReport as text, widget, offline HTML and matplotlib, from plain data.
+
+The report is made by hand from per-rank pieces (no simulation): a (2, 4) output split in
+columns over two ranks, with one element wrong on rank 1. The expected text is written out.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from widget_comm import invoke
+
+import shardviz as sv
+from shardviz.layout import compute
+from shardviz.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+from shardviz.views import geometry as g
+
+pytestmark = pytest.mark.timeout(60)
+
+INPUT = RowKey("fc", 0, "input", "0")
+OUTPUT = RowKey("fc", 0, "output", "")
+MODULES = (("", "Net"), ("fc", "Linear"))
+
+
+@pytest.fixture(scope="module")
+def report() -> sv.NumericsReport:
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    y = np.arange(1.0, 9.0, dtype=np.float32).reshape(2, 4)
+    ref = build_run(
+        "plain torch",
+        RawCapture(
+            1,
+            "Net",
+            MODULES,
+            (RawTensor(INPUT, 0, "float32", {None: x}), RawTensor(OUTPUT, 1, "float32", {None: y})),
+        ),
+    )
+    bad = y.copy()
+    bad[1, 3] = 9.0
+    lay = compute((2, 4), (2,), ["S(1)"], ("tp",))
+    gather = EventNote(
+        0,
+        "collective",
+        "all_gather groups [0,1] mesh tp (2,2)->(2,4) float32 in Net.fc (forward)",
+        "fc",
+        "forward",
+    )
+    tensors = (
+        RawTensor(INPUT, 0, "float32", {None: x}, events=(0, 0)),
+        RawTensor(OUTPUT, 1, "float32", {0: bad[:, :2], 1: bad[:, 2:]}, lay, events=(0, 1)),
+    )
+    par = build_run("tp on local (2 ranks)", RawCapture(2, "Net", MODULES, tensors), events={0: gather})
+    return compare(ref, par)
+
+
+TEXT = """\
+NumericsReport: tp on local (2 ranks) against plain torch: 2 rows, 1 differ
+first difference: Net.fc · forward · output · DIFFERS
+  max abs 1, max rel 0.12; 1 of 8 elements beyond float32 tolerance (rtol 1e-05, atol 1e-05 x max|ref|)
+  worst at [1, 3]: 9 here, 8 in the reference
+  differs in dim 0 [1], dim 1 [3]
+  held by rank 1
+  layout [S(1)] on mesh (2,) ('tp',)
+  collectives and redistributes while it ran:
+    #0 all_gather groups [0,1] mesh tp (2,2)->(2,4) float32 in Net.fc (forward)
+
+module / tensor  phase    shape   dtype    max abs  max rel  status
+Net
+  fc (Linear)
+    input[0]     forward  (2, 2)  float32  0        0        ok
+    output       forward  (2, 4)  float32  1        0.12     DIFFERS"""
+
+
+def test_text_is_exact(report):
+    assert str(report) == TEXT
+    assert (
+        repr(report)
+        == "<NumericsReport tp on local (2 ranks) vs plain torch: 1 differ, first at Net.fc forward output>"
+    )
+
+
+def test_widget_syncs_the_tree_and_opens_the_first_difference(report):
+    w = sv.show(report)
+    s = w.summary
+    assert s["lines"]["name"] == ["Net", "fc (Linear)", "", ""]
+    assert s["lines"]["row"] == [-1, -1, 0, 1]
+    assert s["lines"]["status"] == [
+        "differs",
+        "differs",
+        "ok",
+        "differs",
+    ]  # a module shows the worst below it
+    assert s["first"] == 1 and w.selected == 1
+    assert s["rows"]["what"] == ["input[0]", "output"]
+    assert len(json.dumps(s)) < 4000
+    assert w.text() == TEXT
+    assert repr(w).startswith("NumericsWidget('tp on local (2 ranks)' vs 'plain torch', rows=2, differ=1")
+    with pytest.raises(TypeError, match="unknown option"):
+        sv.show(report, heatmap=True)
+
+
+def test_a_rows_detail_carries_its_layout_error_and_events(report):
+    w = sv.show(report)
+    reply, buffers = invoke(w, "detail", {"row": 1})
+    assert reply["geometry"] == g.payload(report.rows[1].layout)
+    assert reply["index"] == [1, 3] and reply["ranks"] == [1]
+    assert [e["id"] for e in reply["events"]] == [0] and reply["events_during"]
+    err = g.decode(reply["heat"], buffers[0])
+    # In units of the tolerance: 1 / (1e-5 * 8 + 1e-5 * 8) at [1, 3], 0 elsewhere.
+    want = np.zeros((2, 4), dtype=np.float32)
+    want[1, 3] = 1 / (1e-5 * 8 + 1e-5 * 8)
+    np.testing.assert_allclose(err, want, rtol=1e-5)
+    bad, _ = invoke(w, "detail", {"row": 7})
+    assert "no row 7" in bad["error"]
+
+
+def test_export_html_embeds_the_tree_and_the_details(report, tmp_path):
+    path = sv.export_html(report, tmp_path / "numerics.html")
+    text = path.read_text(encoding="utf-8")
+    assert 'data-shardviz-export="numerics"' in text
+    assert '[\\"detail\\",{\\"row\\":1}]' in text or '["detail",{"row":1}]' in text
+    assert "Content-Security-Policy" in text
+
+
+def test_plot_draws_every_row_and_the_first_differences_error(report):
+    fig = sv.plot(report)
+    assert len(fig.axes) == 3  # rows, heat-map and its colour bar
+    points = sum(len(c.get_offsets()) for c in fig.axes[0].collections)
+    assert points == 2
+    image = fig.axes[1].images[0].get_array()
+    assert image.shape == (2, 4) and float(image[1, 3]) == pytest.approx(1 / 1.6e-4, rel=1e-4)
