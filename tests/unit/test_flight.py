@@ -156,7 +156,7 @@ def test_installed_packages_on_the_stack_are_not_the_source_line(tmp_path):
         {"name": "step", "filename": "/venv/lib/python3.11/site-packages/torchtitan/trainer.py", "line": 40},
         {"name": "<module>", "filename": str(src), "line": 3},
     ]
-    trace = flight.align({0: dump(entry("0", 1, "allreduce", frames=frames))})
+    trace = flight.align({0: dump(entry("0", 1, "allreduce", frames=frames))}, source_root=tmp_path)
     (c,) = trace.collectives()
     assert c.source == Source(str(src), 3, "trainer.train()")
 
