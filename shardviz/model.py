@@ -382,9 +382,10 @@ def model_map(
     a mapping ``{name: Layout}`` (pure geometry, e.g. from ``sv.layout(shape, mesh, placements)``).
 
     ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
-    counted as rows of kind ``"optimizer"``. ``grads``: count each parameter's ``.grad`` when it
-    has one. ``world_size``: the world plain tensors are replicated over (default: the current
-    backend's, or the largest rank any DTensor names, plus one).
+    counted as rows of kind ``"optimizer"``; a wrapper of several optimizers (``.optimizers``, as
+    torchtitan's OptimizersContainer) or a list of them counts each one's. ``grads``: count each
+    parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
+    over (default: the current backend's, or the largest rank any DTensor names, plus one).
     """
     b = _Builder(world_size)
     if isinstance(model, Mapping):
@@ -436,17 +437,33 @@ def _optimizer_state(optimizer: Any) -> dict[int, list[tuple[str, Any]]]:
         return {}
     import torch
 
-    state = getattr(optimizer, "state", None)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
     out: dict[int, list[tuple[str, Any]]] = {}
-    for p, st in state.items():
-        if not isinstance(st, Mapping):
-            continue
-        items = [(str(k), v) for k, v in st.items() if isinstance(v, torch.Tensor)]
-        if items:
-            out[id(p)] = items
+    for opt in _each_optimizer(optimizer):
+        state = getattr(opt, "state", None)
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "optimizer= takes a torch.optim.Optimizer, a wrapper of several with .optimizers "
+                f"(torchtitan's OptimizersContainer) or a list of them, not {type(opt).__name__}"
+            )
+        for p, st in state.items():
+            if not isinstance(st, Mapping) or id(p) in out:  # a wrapper mirroring its parts' state
+                continue
+            items = [(str(k), v) for k, v in st.items() if isinstance(v, torch.Tensor)]
+            if items:
+                out[id(p)] = items
     return out
+
+
+def _each_optimizer(optimizer: Any) -> list[Any]:
+    """The optimizers holding state: ``optimizer`` itself, or the parts of a wrapper that keeps
+    one optimizer per model part in ``.optimizers`` (torchtitan's OptimizersContainer is a
+    torch.optim.Optimizer whose own state stays empty), or each of a list."""
+    if isinstance(optimizer, list | tuple):
+        return [o for part in optimizer for o in _each_optimizer(part)]
+    parts = getattr(optimizer, "optimizers", None)
+    if isinstance(parts, list | tuple) and parts:
+        return [*(o for part in parts for o in _each_optimizer(part)), optimizer]
+    return [optimizer]
 
 
 def _modules_from_names(rows: Iterable[TensorRow]) -> tuple[tuple[str, str], ...]:

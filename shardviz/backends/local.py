@@ -71,6 +71,7 @@ class LocalBackend:
     def simulate(self) -> Iterator[Any]:
         """Enter LocalTensorMode for this world size; always leave it, even on error."""
         self._ensure_pg()
+        _torch.drop_stale_local_mode(self._mode)
         outer = _torch.active_local_mode()
         if outer is not None and outer.ranks != frozenset(range(self.world_size)):
             raise WorldSizeError(

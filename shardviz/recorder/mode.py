@@ -50,6 +50,15 @@ def _has_per_rank_int(args: Any, kwargs: Any) -> bool:
     return False
 
 
+_AOT_NOTE = (
+    'torch.compile ran graphs compiled with backend="aot_eager" at {where}: that backend compiles '
+    "the simulated ranks' tensors into the graph, so their collectives ran as plain per-rank "
+    "arithmetic (the results are right) and are not in this trace. To see them, compile with "
+    'backend="eager" (DTensor then runs its ops as they come), run that code uncompiled, or use '
+    "sv.use('threads', ...)."
+)
+
+
 class SharedLocalWriteError(ShardvizError, RuntimeError):
     """Per-rank values that differ written in place into a tensor every simulated rank shares."""
 
@@ -152,6 +161,8 @@ class Recorder(_torch.DebugMode):
         self._group_desc: dict[int, str] = {}  # by id() of the event
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
+        self._aot_lines: list[str] = []  # where graphs of backend="aot_eager" ran unseen
+        self._aot_note = ""
         self._kept_count = 0  # kept_so_far's progress through the slots
         self._kept_scan = 0
 
@@ -272,9 +283,28 @@ class Recorder(_torch.DebugMode):
         # (ignore_compile_internals, inherited from DebugMode).
         return False
 
+    @property
+    def run_compile_with_interpreter(self) -> bool:
+        """torch.compile's aot_eager backend asks the active DebugMode this each time a compiled
+        graph runs. In the simulator that graph is blind to the recorder: AOTAutograd traced
+        through the LocalTensors too, so each collective became plain arithmetic on every rank's
+        tensor (the same numbers, no collective dispatched). The trace says so instead of
+        silently lacking them."""
+        if self.rank is None:
+            src = frames.user_source(sys._getframe(1))
+            where = f"line {src.line} ({src.text})" if src is not None else "a compiled region"
+            if where not in self._aot_lines:
+                note = _AOT_NOTE.format(where=", ".join([*self._aot_lines, where]))
+                if self._aot_lines:
+                    self.trace.notes[self.trace.notes.index(self._aot_note)] = note
+                else:
+                    self.trace.notes.append(note)
+                self._aot_lines.append(where)
+                self._aot_note = note
+        return False
+
     # Attributes and hooks other parts of torch read from an active DebugMode (compiled regions,
     # higher-order ops): present, and doing nothing.
-    run_compile_with_interpreter = False
     record_stack_trace = False
     call_depth = 0
 
@@ -440,10 +470,14 @@ class Recorder(_torch.DebugMode):
     def _context(
         self, meshes: list[Any] | None = None, on_behalf: list[bool] | None = None
     ) -> tuple[Source | None, str | None, str | None, bool]:
-        fsdp: list[Any] = []
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp, on_behalf)
-        module = self.modules.current(fsdp[0] if fsdp else None)
-        backward = _torch.in_backward()
+        found = frames.Found(look_for_call=self.modules.compiled)
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, found)
+        if on_behalf is not None and found.on_behalf:
+            on_behalf.append(True)
+        module = self.modules.current(found.fsdp, found.called)
+        # FSDP2's backward methods are the backward wherever they run: a pipeline schedule calls
+        # post_backward (the gradients' reduce-scatter) itself, outside the autograd engine.
+        backward = found.fsdp_backward or _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
         return frames.source(frame), module, phase, in_dispatch
 
