@@ -15,8 +15,16 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(subst =,-,$(TORCH_NEWEST))
 # torchtitan for tests/titan (its own code on simulated ranks): installed without its declared
 # dependencies, which would pull in another torch; the `titan` extra has what its imports need.
 TORCHTITAN ?= torchtitan==0.3.0
+# NVIDIA PhysicsNeMo for tests/physicsnemo and notebook 10: its wheel and the s3fs chain its imports
+# load, without declared dependencies (PhysicsNeMo's pull a CUDA torchvision that cannot be
+# imported with the CPU torch; aiobotocore's botocore would take python-dateutil back a major
+# version). The `physicsnemo` extra has the rest of what its imports need.
+PHYSICSNEMO ?= nvidia-physicsnemo==2.2.2 s3fs==2026.9.0 aiobotocore==3.10.0 botocore==1.43.117 \
+	jmespath==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
+	multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 wrapt==2.5.2 aioitertools==0.13.0
 PYTEST_ARGS ?=
 NODE_STAMP := node_modules/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup demo test test-unit test-compat lint bench notebooks clean
@@ -26,15 +34,27 @@ setup: $(VENV)/.installed
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+define install_torch
 	@$(BIN)/python -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); sys.exit(v < (2, 13))" 2>/dev/null \
 		&& echo "torch already installed: keeping it" \
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
+endef
+
+# Everything `make test` needs; it holds what the demo needs too.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
 	$(BIN)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	$(BIN)/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
+	@touch $@ $(DEMO_STAMP)
+
+# What `make demo` needs, none of the test toolchain: shardviz with the `notebook` extra.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(install_torch)
+	$(BIN)/python -m pip install --progress-bar off -e ".[notebook]"
 	@touch $@
 
-demo: setup
+demo: $(DEMO_STAMP)
 	@echo "Starting JupyterLab on notebooks/ at http://$(HOST):$(PORT)/ (the URL with its login token follows)"
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(ALLOW_ROOT) \
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
@@ -47,10 +67,11 @@ test: lint
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
-# The unit tests, torchtitan's and the notebooks again, on the newest torch (TORCH_NEWEST) in $(COMPAT_VENV).
+# The unit tests, torchtitan's, PhysicsNeMo's and the notebooks again, on the newest torch
+# (TORCH_NEWEST) in $(COMPAT_VENV).
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
-	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan notebooks $(PYTEST_ARGS)
+	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan tests/physicsnemo notebooks $(PYTEST_ARGS)
 
 $(COMPAT_STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(COMPAT_VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
@@ -58,14 +79,15 @@ $(COMPAT_STAMP): pyproject.toml
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off "$(TORCH_NEWEST)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 
 # Python: ruff (lint + format) and mypy; the widgets' ES modules and CSS: Biome, pinned in
 # package-lock.json and installed from the npm registry into node_modules/.
 lint: setup $(NODE_STAMP)
-	$(BIN)/python -m ruff check shardviz tests benchmarks docs
-	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs
+	$(BIN)/python -m ruff check shardviz tests benchmarks docs _shardviz_pytest.py
+	$(BIN)/python -m ruff format --check shardviz tests benchmarks docs _shardviz_pytest.py
 	$(BIN)/python -m mypy
 	node_modules/.bin/biome ci --error-on-warnings
 

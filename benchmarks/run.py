@@ -567,6 +567,89 @@ def bench_llama() -> list[Row]:
     ]
 
 
+def bench_titan() -> list[Row]:
+    """torchtitan's own Llama 3 step, unpatched (debug config cut to 2 layers, SDPA, sequence 16):
+    its parallelize_llama with FSDP2 + TP on (dp_shard=2, tp=4), 8 ranks, each dp replica its own
+    batch: forward, its cross-entropy loss, backward, an AdamW step."""
+    try:
+        import torchtitan.distributed.parallel_dims as parallel_dims
+    except ImportError:
+        return [("torchtitan FSDP2 + TP step", "-", "-", "torchtitan not installed (make setup)")]
+    import dataclasses
+
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs, parallelize_llama
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    torch.set_num_threads(1)
+    progress("recording overhead: torchtitan FSDP2 + TP step on 8 ranks")
+    parallel_dims.device_type = "cpu"  # torchtitan takes "cuda" when it finds no accelerator
+    dist_utils.set_spmd_backend("partial_dtensor")
+    sv.use("local", world_size=8)
+    p = ParallelismConfig(
+        spmd_backend="partial_dtensor", data_parallel_shard_degree=2, tensor_parallel_degree=4
+    )
+    cfg = llama3_configs["debugmodel"](attn_backend="flex")
+    cfg.layers = cfg.layers[:2]
+    for layer in cfg.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=16)
+    set_llama3_sharding_config(cfg, enable_sp=True)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    tokens, labels = (torch.randint(0, 2048, (2, 2, 16), generator=g) for _ in range(2))
+    with sv.record(values="none"):
+        dims = ParallelDims.from_config(p, 8)
+        dims.build_mesh()
+        with torch.device("meta"):
+            model = cfg.build()
+        parallelize_llama(
+            model,
+            parallel_dims=dims,
+            training=TrainingConfig(mixed_precision_param="float32"),
+            parallelism=p,
+            compile_config=CompileConfig(),
+            ac_config=None,
+            dump_folder="",
+        )
+        model.to_empty(device="cpu")
+        model.init_weights()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mine = sv.per_rank(lambda r: tokens[r // 4]), sv.per_rank(lambda r: labels[r // 4])
+
+    def step() -> object:
+        pred = model(mine[0])
+        loss = cross_entropy_loss(pred.full_tensor(), mine[1]) / tokens.numel()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    backend = choose.current()
+    cases = {
+        "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
+        'sv.record(values="none")': lambda: sv.record(values="none"),
+        "sv.record() (default value policy)": lambda: sv.record(),
+    }
+    med, ratio = interleaved(cases, step, rounds=10)
+    base = med["bare LocalTensorMode"]
+    target = {'sv.record(values="none")': " (target <= 1.10)"}
+    return [
+        (
+            f"torchtitan FSDP2 + TP step under {k}{target.get(k, '')}",
+            f"{v * 1e3:.0f} ms",
+            f"{base * 1e3:.0f} ms (bare)",
+            f"{ratio[k]:.2f}x",
+        )
+        for k, v in med.items()
+        if k != "bare LocalTensorMode"
+    ]
+
+
 _LLAMA_SETUP = """
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -718,6 +801,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "geometry": bench_geometry,
     "recording": bench_recording,
     "llama": bench_llama,
+    "titan": bench_titan,
     "threads": bench_threads,
     "scale": bench_scale,
     "collectives": bench_collectives,

@@ -12,6 +12,7 @@ from .backends import session as _session
 from .backends.choose import device_type, restart
 from .backends.choose import show as _backend_show
 from .backends.choose import use as _use
+from .capture import adapters
 from .capture import torch as _torch
 from .capture.model_map import model_map as _model_map
 from .capture.recorder.snapshot import from_values as _from_values
@@ -28,11 +29,14 @@ from .data.plan import plan
 from .data.trace import Trace
 from .diff import diff, numerics
 from .geometry.layout import Layout, ShardInfo
+from .geometry.layout import check_arguments as _check_layout_arguments
 from .geometry.layout import compute as _compute_layout
 from .geometry.placement import Placement
 from .record import last_trace, per_rank, record, record_job, run
 from .show import export_html, play, plot
 from .show import show as _view
+
+adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
 
 __all__ = [
     "CollectiveEvent",
@@ -146,8 +150,10 @@ def layout(
 ) -> Layout:
     """Per-rank geometry of a DTensor, or of (shape, mesh_shape, placements) with no tensor at all.
 
-    ``sv.layout(dt)`` reads a DTensor; ``sv.layout((10, 3), (4,), ["S(0)"])`` computes the same
-    geometry as a pure function, for any mesh size, without a process group.
+    ``sv.layout(dt)`` reads a DTensor (or PhysicsNeMo's ShardTensor, with its own shard sizes);
+    ``sv.layout((10, 3), (4,), ["S(0)"])`` computes the same geometry as a pure function, for any
+    mesh size, without a process group. ``shard_sizes={0: (3, 3, 2, 2)}`` gives the size of each
+    coordinate's piece along a ``S(d)`` mesh dim where the shards do not follow chunking.
     """
     if isinstance(obj, Layout):
         if mesh_shape is not None or placements is not None:
@@ -159,6 +165,14 @@ def layout(
                 "sv.layout(dtensor) reads the mesh and placements from the DTensor; pass only the DTensor"
             )
         return _compute_layout(**_torch.dtensor_geometry(obj))
+    adapter = adapters.for_object(obj)
+    if adapter is not None:
+        if mesh_shape is not None or placements is not None or mesh_dim_names is not None:
+            raise TypeError(
+                f"sv.layout({type(obj).__name__}) reads the mesh, placements and shard sizes from the "
+                "tensor's spec; pass only the tensor"
+            )
+        return adapter.layout(obj)
     if _torch.is_local_tensor(obj) or hasattr(obj, "__torch_function__"):
         raise TypeError(
             f"sv.layout got a {type(obj).__name__}, which has no placements: pass a DTensor, or a global "
@@ -169,6 +183,14 @@ def layout(
             "sv.layout(shape, mesh_shape, placements) needs all three, e.g. "
             'sv.layout((10, 3), (4,), ["S(0)"]); or pass a DTensor'
         )
+    try:
+        _check_layout_arguments(
+            obj, mesh_shape, placements, mesh_dim_names, kwargs.get("mesh_ranks"), kwargs.get("groups")
+        )
+    except (TypeError, ValueError) as e:
+        # The arguments are wrong: the error points at the caller's line, not at the validators
+        # under the cached geometry (a screenful of frames in a notebook).
+        raise e.with_traceback(None) from None
     return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)
 
 
@@ -185,9 +207,10 @@ def model_map(
     a mapping ``{name: Layout}`` (pure geometry, e.g. from ``sv.layout(shape, mesh, placements)``).
 
     ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
-    counted as rows of kind ``"optimizer"``. ``grads``: count each parameter's ``.grad`` when it
-    has one. ``world_size``: the world plain tensors are replicated over (default: the current
-    backend's, or the largest rank any DTensor names, plus one).
+    counted as rows of kind ``"optimizer"``; a wrapper of several optimizers (``.optimizers``, as
+    torchtitan's OptimizersContainer) or a list of them counts each one's. ``grads``: count each
+    parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
+    over (default: the current backend's, or the largest rank any DTensor names, plus one).
     """
     return _model_map(
         model,

@@ -19,6 +19,10 @@ class PerRankValueError(ShardvizError, RuntimeError):
     """Python needs one answer (a branch, a number) from a value that differs per simulated rank."""
 
 
+class ShardSpecError(ShardvizError, ValueError):
+    """A tensor's own sharding spec (PhysicsNeMo's ShardTensor) disagrees with its local shards."""
+
+
 class SimulationWarning(UserWarning):
     """Code that runs under the simulation but does not mean what it would on real ranks."""
 

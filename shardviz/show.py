@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .backends import session
-from .capture import layouts
+from .capture import adapters, layouts
 from .capture import torch as _torch
 from .data.events import Event
 from .data.memory import MemoryTimeline
@@ -238,6 +238,12 @@ def _layout_of(obj: Any, who: str, options: dict[str, Any]) -> layouts.Drawn:
         raise TypeError(f"{who}(..., values=...) is only for a Layout: a {type(obj).__name__} brings its own")
     if _torch.is_dtensor(obj):
         return layouts.of_dtensor(obj)
+    adapter = adapters.for_object(obj)
+    if adapter is not None:  # a framework's tensor with its own spec (PhysicsNeMo's ShardTensor)
+        layout, values, extra = layouts.of_sharded(
+            adapter.layout(obj), adapter.local(obj), type(obj).__name__
+        )
+        return layout, values, {"title": adapters.view_title(obj, layout), **extra}
     if _torch.is_local_tensor(obj):
         return layouts.of_local_tensor(obj)
     if isinstance(obj, torch.Tensor):

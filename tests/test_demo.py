@@ -63,3 +63,40 @@ def test_make_demo_serves_jupyterlab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_make_demo_installs_the_notebook_extra_not_the_test_toolchain(tmp_path):
+    # A dry run into a venv that does not exist yet: the commands a fresh machine would run.
+    proc = subprocess.run(
+        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    installs = [line for line in proc.stdout.splitlines() if "pip install" in line]
+    assert any('-e ".[notebook]"' in line for line in installs), proc.stdout
+    assert not any(".[test]" in line or "torchtitan" in line for line in installs), proc.stdout
+
+
+def test_the_notebook_extra_has_what_the_notebooks_need_and_no_test_tools():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        out: set[str] = set()
+        for req in extras[extra]:
+            m = re.match(r"shardviz\[([\w,]+)\]", req)
+            if m:
+                for sub in m.group(1).split(","):
+                    out |= names(sub)
+            else:
+                out.add(re.split(r"[<>=!; \[]", req)[0].lower())
+        return out
+
+    notebook = names("notebook")
+    assert {"jupyterlab", "ipykernel", "ipyparallel"} <= notebook  # 06_real_mesh starts gloo engines
+    assert not notebook & {"pytest", "playwright", "ruff", "mypy", "nbval", "hypothesis", "build"}

@@ -62,3 +62,53 @@ def test_installed_wheel_renders_a_view(tmp_path, built_wheel):
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert run.stdout.strip().endswith("(1, 3)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_installed_wheel_gives_pytest_the_traces_option(tmp_path, built_wheel):
+    # Through the wheel's pytest11 entry point alone: no -p, no shardviz on the path but the wheel's.
+    import shutil
+
+    target = tmp_path / "site"
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(built_wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-2000:]
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(ROOT / "tests" / "unit" / "harness_tests.py", work / "test_harness.py")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--shardviz-traces",
+            "out",
+            "test_harness.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "shardviz traces of failing tests" in run.stdout, run.stdout[-3000:]
+    assert sorted(p.suffix for p in (work / "out").iterdir()) == [".html", ".svtrace"]

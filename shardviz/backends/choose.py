@@ -6,11 +6,13 @@ What the front ends ask of wherever the ranks are goes through ``current()``; th
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+from ..capture import torch as _torch
 from . import session
 from .base import Backend
-from .local import LocalBackend
+from .local import AttachedBackend, LocalBackend
 
 DEFAULT_WORLD_SIZE = 4
 BACKENDS = ("local", "threads", "gloo", "nccl")
@@ -52,8 +54,19 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
     return backend
 
 
+_attached: weakref.WeakKeyDictionary[Any, Backend] = weakref.WeakKeyDictionary()
+
+
 def current() -> Backend:
-    """The active backend, building the default (local, 4 ranks) on first use."""
+    """The active backend, building the default (local, 4 ranks) on first use. Inside a
+    LocalTensorMode that shardviz did not enter (a test harness's), the simulation it runs,
+    attached to as it is (``AttachedBackend``), whatever ``sv.use`` chose."""
+    mode = _torch.active_local_mode()
+    if mode is not None and not _torch.is_own_mode(mode):
+        attached = _attached.get(mode)
+        if attached is None:
+            attached = _attached[mode] = AttachedBackend(mode)
+        return attached
     backend = session.peek()
     if backend is None:
         backend = _build("local", DEFAULT_WORLD_SIZE)

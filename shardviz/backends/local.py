@@ -13,6 +13,7 @@ the backends stays cheap and free of import cycles.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +36,7 @@ class LocalBackend:
         self._ensure_pg()
         # One mode for the backend's life: its cache of per-rank mesh coordinates then survives
         # from cell to cell (recomputing them costs ~N^2 small ops: seconds at 256 ranks).
-        self._mode = _torch.LocalTensorMode(self.world_size)
+        self._mode = _torch.new_local_mode(self.world_size)
 
     def key(self) -> tuple[Any, ...]:
         return ("local", self.world_size)
@@ -59,7 +60,11 @@ class LocalBackend:
                     "torch.distributed.destroy_process_group() first, or use "
                     f"sv.use('local', world_size={size}) if it is a fake group."
                 )
+        hook = sys.excepthook
         dist.init_process_group("fake", rank=0, world_size=self.world_size)
+        # torch tags every later traceback of the process with "[rank0]:": the simulator is every
+        # rank at once, and a plain error in the notebook or script is no rank's.
+        sys.excepthook = hook
         _torch.forget_dtensor_caches()  # a new world: DTensor's caches hold the old one's meshes
         self._owns_pg = True
 
@@ -67,6 +72,7 @@ class LocalBackend:
     def simulate(self) -> Iterator[Any]:
         """Enter LocalTensorMode for this world size; always leave it, even on error."""
         self._ensure_pg()
+        _torch.drop_stale_local_mode(self._mode)
         outer = _torch.active_local_mode()
         if outer is not None and outer.ranks != frozenset(range(self.world_size)):
             raise WorldSizeError(
@@ -183,3 +189,75 @@ class LocalBackend:
 
     def __repr__(self) -> str:
         return f"LocalBackend(world_size={self.world_size})"
+
+
+class AttachedBackend(LocalBackend):
+    """A simulation someone else set up: the LocalTensorMode a user or a test harness (torch's
+    ``create_local_tensor_test_class``) entered, on the process group they made. ``sv.record``,
+    ``sv.run``, ``sv.per_rank`` and ``%%spmd`` inside it record there; nothing is initialised, entered
+    for good or torn down, so the harness finds its mode and process group as it left them."""
+
+    name = "local"
+
+    def __init__(self, mode: Any) -> None:
+        ranks = frozenset(mode.ranks)
+        self.world_size = len(ranks)
+        if ranks != frozenset(range(self.world_size)):
+            raise WorldSizeError(
+                f"the active LocalTensorMode simulates ranks {sorted(ranks)}; shardviz records a "
+                f"simulation of ranks 0..N-1 only. Enter LocalTensorMode({self.world_size}) instead."
+            )
+        self._owns_pg = False
+        self._mode = mode
+
+    def key(self) -> tuple[Any, ...]:
+        return ("attached", id(self._mode))
+
+    def _ensure_pg(self) -> None:
+        """Check, never create: the process group is the harness's."""
+        if dist.is_initialized() and dist.get_world_size() != self.world_size:
+            raise WorldSizeError(
+                f"the active LocalTensorMode simulates {self.world_size} ranks, but the default process "
+                f"group has {dist.get_world_size()}: collectives would silently skip ranks. Make both "
+                "the same size."
+            )
+
+    @contextlib.contextmanager
+    def simulate(self) -> Iterator[Any]:
+        """The mode is already active: only shardviz's own fixes to the simulation (per-rank ranks,
+        FSDP2 per rank, PREMUL_SUM factors, meshes kept) are put in place, and taken out after."""
+        from ..capture.recorder import Recorder
+
+        self._ensure_pg()
+        if _torch.active_local_mode() is not self._mode:
+            raise BackendError("the LocalTensorMode this recording attached to is no longer active")
+        # A passive recording of the whole test (pytest --shardviz-traces) steps aside meanwhile:
+        # DTensor reports a redistribute to one recorder only, and a collective this one does
+        # itself never reaches the one below it, so two at once would each get half the story.
+        stack = _torch.dispatch_mode_stack()
+        paused = stack[-1] if stack and isinstance(stack[-1], Recorder) and stack[-1].passive else None
+        if paused is not None:
+            paused.__exit__(None, None, None)
+        try:
+            with (
+                _torch.tracking_meshes(),
+                _torch.fsdp_in_simulation(),
+                _torch.premul_sum_factors(),
+                _torch.per_rank_values(),
+            ):
+                yield self._mode
+        finally:
+            if paused is not None:
+                paused.__enter__()
+
+    def close(self) -> None:
+        """Nothing to close: the mode and the process group are the harness's."""
+
+    def restart(self) -> LocalBackend:
+        raise BackendError(
+            "sv.restart() inside a LocalTensorMode shardviz did not enter (a test harness's, say): "
+            "the mode and its process group belong to whoever entered them; leave the mode first"
+        )
+
+    def __repr__(self) -> str:
+        return f"AttachedBackend(world_size={self.world_size})"

@@ -547,9 +547,16 @@ def show_payload(obj: Any, rank: int, **options: Any) -> Any:
         from ..capture.model_map import model_map
 
         return model_map(obj, **options, backend_world=session.world_size())
+    from ..capture import adapters
+
+    adapter = adapters.for_object(obj)
     if _torch.is_dtensor(obj):
         layout = compute_layout(**_torch.dtensor_geometry(obj))
         values: np.ndarray | None = to_numpy(obj.to_local())
+    elif adapter is not None:  # PhysicsNeMo's ShardTensor: its spec's own shard sizes
+        layout = adapter.layout(obj)
+        values = to_numpy(adapter.local(obj))
+        options = {"title": adapters.view_title(obj, layout), **options}
     elif isinstance(obj, Layout):
         layout, values = obj, None
     else:
@@ -680,7 +687,9 @@ def _recorded(body: Callable[[], Any], values: str | int, filename: str) -> dict
             if watch.interrupted is not None:
                 _absorb_interrupt()  # one sent just as the body finished lands here, not later
     except BaseException as e:
-        error = describe_error(e, filename)
+        from ..capture.explain import explain_rank_error
+
+        error = describe_error(explain_rank_error(e), filename)
         if watch.interrupted is not None and isinstance(e, KeyboardInterrupt):
             error["spin"] = watch.interrupted
     elapsed = time.perf_counter() - t0
@@ -737,6 +746,11 @@ def portable(value: Any) -> Any:
         return {SHOW_KEY: value.id}
     if _torch.is_dtensor(value):
         value = value.to_local()
+    from ..capture import adapters
+
+    local = adapters.local_of(value)  # a framework's sharded tensor (ShardTensor): its shard too
+    if local is not None:
+        value = local
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, tuple) and not hasattr(value, "_fields"):

@@ -226,7 +226,10 @@ class ThreadsBackend:
         try:
             with streams, hooks:
                 results = self.pool.run(job)
-        except BaseException:
+        except BaseException as e:
+            from ..capture.explain import explain_rank_error
+
+            explain_rank_error(e)  # in place: a sharding error, a framework's trap
             streams.replay()
             trace = self._merged(recorders, values, complete=False)
             if trace is not None:

@@ -31,8 +31,12 @@ def values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
 
 
 def of_dtensor(dt: Any) -> Drawn:
-    layout = compute_layout(**_torch.dtensor_geometry(dt))
-    local = _torch.local_of(dt)
+    return of_sharded(compute_layout(**_torch.dtensor_geometry(dt)), _torch.local_of(dt), "DTensor")
+
+
+def of_sharded(layout: Layout, local: Any, kind: str) -> Drawn:
+    """A sharded tensor's layout and each rank's values, from its local tensor (per rank in the
+    simulator; on a real rank, only its own); ``kind`` names the tensor's type in a note."""
     per_rank = _torch.local_tensors(local)
     try:
         if per_rank is not None:
@@ -48,7 +52,7 @@ def of_dtensor(dt: Any) -> Drawn:
         layout,
         None,
         {
-            "values_note": "values unknown: this DTensor holds only this process's shard; inside a "
+            "values_note": f"values unknown: this {kind} holds only this process's shard; inside a "
             "%%spmd cell sv.show gathers every rank's"
         },
     )

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..data.events import DTYPE_SIZES
 from ..data.model import Builder, ModelMap, from_layouts
 from ..geometry.layout import compute as compute_layout
+from . import adapters
 from . import torch as _torch
 
 
@@ -92,6 +93,11 @@ def _add(b: Builder, name: str, kind: str, module: str, param: str, t: Any) -> N
         layout = compute_layout(**_torch.dtensor_geometry(t))
         b.add_layout(name, kind, module, param, layout, True, _itemsize(layout.dtype))
         return
+    adapter = adapters.for_object(t)
+    if adapter is not None:  # PhysicsNeMo's ShardTensor: its own shard sizes
+        layout = adapter.layout(t)
+        b.add_layout(name, kind, module, param, layout, True, _itemsize(layout.dtype))
+        return
     dtype = _torch.dtype_name(t.dtype)
     b.add_plain(name, kind, module, param, tuple(int(s) for s in t.shape), dtype, _itemsize(dtype))
 
@@ -99,14 +105,30 @@ def _add(b: Builder, name: str, kind: str, module: str, param: str, t: Any) -> N
 def _optimizer_state(optimizer: Any) -> dict[int, list[tuple[str, Any]]]:
     if optimizer is None:
         return {}
-    state = getattr(optimizer, "state", None)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not {type(optimizer).__name__}")
     out: dict[int, list[tuple[str, Any]]] = {}
-    for p, st in state.items():
-        if not isinstance(st, Mapping):
-            continue
-        items = [(str(k), v) for k, v in st.items() if isinstance(v, torch.Tensor)]
-        if items:
-            out[id(p)] = items
+    for opt in _each_optimizer(optimizer):
+        state = getattr(opt, "state", None)
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "optimizer= takes a torch.optim.Optimizer, a wrapper of several with .optimizers "
+                f"(torchtitan's OptimizersContainer) or a list of them, not {type(opt).__name__}"
+            )
+        for p, st in state.items():
+            if not isinstance(st, Mapping) or id(p) in out:  # a wrapper mirroring its parts' state
+                continue
+            items = [(str(k), v) for k, v in st.items() if isinstance(v, torch.Tensor)]
+            if items:
+                out[id(p)] = items
     return out
+
+
+def _each_optimizer(optimizer: Any) -> list[Any]:
+    """The optimizers holding state: ``optimizer`` itself, or the parts of a wrapper that keeps
+    one optimizer per model part in ``.optimizers`` (torchtitan's OptimizersContainer is a
+    torch.optim.Optimizer whose own state stays empty), or each of a list."""
+    if isinstance(optimizer, list | tuple):
+        return [o for part in optimizer for o in _each_optimizer(part)]
+    parts = getattr(optimizer, "optimizers", None)
+    if isinstance(parts, list | tuple) and parts:
+        return [*(o for part in parts for o in _each_optimizer(part)), optimizer]
+    return [optimizer]

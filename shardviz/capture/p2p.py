@@ -149,9 +149,6 @@ class _ThreadRecorder(Recorder):
         if threading.get_ident() == self.ident:
             super()._on_from_local(out, caller)
 
-    def _on_get_rank(self, caller: Any) -> None:
-        pass  # in a threaded run the thread index is the rank to branch on
-
     def _groups(self, key: str, group: Any, ranks: Any) -> tuple[tuple[int, ...], ...]:
         groups = super()._groups(key, group, ranks)
         for g in groups:
@@ -212,10 +209,10 @@ class _Run:
     # --- messages ----------------------------------------------------------------------------
 
     def _where(self) -> tuple[Source | None, str | None]:
-        fsdp: list[Any] = []
-        frame, _ = frames.user_frame(sys._getframe(2), fsdp=fsdp)
         rec = self.recorders.get(self.sim.thread)
-        module = rec.modules.current(fsdp[0] if fsdp else None) if rec is not None else None
+        found = frames.Found(look_for_call=rec is not None and rec.modules.compiled)
+        frame, _ = frames.user_frame(sys._getframe(2), found=found)
+        module = rec.modules.current(found.fsdp, found.called) if rec is not None else None
         return frames.source(frame), module
 
     def _label(self, key: int) -> dict[str, Any] | None:

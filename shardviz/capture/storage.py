@@ -122,6 +122,10 @@ class StorageTracker:
                 for b in obj.buffers():
                     self._add_tensor(b, self.every)
                 self.counted.append(f"{type(obj).__name__}'s parameters, buffers and grads")
+            elif isinstance(obj, torch.optim.Optimizer) and isinstance(getattr(obj, "optimizers", 0), list):
+                # One optimizer per model part (torchtitan's OptimizersContainer, whose own state
+                # stays empty): each part's state.
+                self.add_objects(getattr(obj, "optimizers"))  # noqa: B009 (not in Optimizer's stubs)
             elif isinstance(obj, torch.optim.Optimizer):
                 for state in obj.state.values():
                     for v in state.values():

@@ -114,6 +114,7 @@ class Call:
     group_key: str
     seq: int  # this is the rank's seq-th collective on the group (from 1)
     frame: Any = None  # the caller's frame, while the call is open (for error messages)
+    factor: Any = None  # a ReduceOp.PREMUL_SUM's factor, read in the calling rank's thread
 
     def reduce(self) -> str | None:
         return reduce_name(self.bound.get("reduce_op")) if self.spec.reduce else None
@@ -185,13 +186,14 @@ def _disagreement(a: Call, b: Call) -> str | None:
     return None
 
 
-def _reduce(name: str | None, tensors: list[torch.Tensor]) -> torch.Tensor:
+def _reduce(name: str | None, tensors: list[torch.Tensor], factors: Sequence[Any] = ()) -> torch.Tensor:
+    """The reduction of the members' tensors, in group order; a PREMUL_SUM scales each by its
+    member's factor first (FSDP2 with a gradient divide factor), as the lockstep simulator does."""
     if name == "premul_sum":
-        raise ThreadsUnsupportedError(
-            "ReduceOp.PREMUL_SUM: its scale factor is not readable from Python, so the threads "
-            "simulator cannot apply it. Divide the tensor before a SUM all-reduce instead (FSDP2: "
-            "set_gradient_divide_factor / set_reduce_scatter_divide_factor to a plain factor)."
-        )
+        out = tensors[0] * factors[0]
+        for t, f in zip(tensors[1:], factors[1:], strict=True):
+            out = out + t * f
+        return out
     return _torch.local_reduce(name or "sum", tensors)
 
 
@@ -202,7 +204,8 @@ def _work() -> Any:
 def _all_reduce(calls: list[Call]) -> list[Any]:
     op = calls[0].reduce()
     ins = [_inputs(c) for c in calls]
-    reds = [_reduce(op, [x[i] for x in ins]) for i in range(len(ins[0]))]
+    factors = [c.factor for c in calls]
+    reds = [_reduce(op, [x[i] for x in ins], factors) for i in range(len(ins[0]))]
     out: list[Any] = []
     for c, mine in zip(calls, ins, strict=True):
         impl = c.impl
@@ -268,14 +271,15 @@ def _reduce_scatter(calls: list[Call]) -> list[Any]:
     n = len(calls)
     op = calls[0].reduce()
     out: list[Any] = []
+    factors = [c.factor for c in calls]
     if calls[0].impl == "c10d.reduce_scatter_":
         lists = [c.bound["input_tensors"][0] for c in calls]
         for j, c in enumerate(calls):
-            c.bound["output_tensors"][0].copy_(_reduce(op, [lst[j] for lst in lists]))
+            c.bound["output_tensors"][0].copy_(_reduce(op, [lst[j] for lst in lists], factors))
             out.append((c.bound["output_tensors"], _work()))
         return out
     ins = [_inputs(c) for c in calls]
-    reds = [_reduce(op, [x[i] for x in ins]) for i in range(len(ins[0]))]
+    reds = [_reduce(op, [x[i] for x in ins], factors) for i in range(len(ins[0]))]
     parts = [_chunks(r, n) for r in reds]
     for j, c in enumerate(calls):
         impl, b = c.impl, c.bound
@@ -340,7 +344,7 @@ def _gather(calls: list[Call]) -> list[Any]:
 
 def _reduce_to_root(calls: list[Call]) -> list[Any]:
     root = calls[calls[0].root() or 0]
-    red = _reduce(calls[0].reduce(), [c.bound["tensors"][0] for c in calls])
+    red = _reduce(calls[0].reduce(), [c.bound["tensors"][0] for c in calls], [c.factor for c in calls])
     root.bound["tensors"][0].copy_(red)
     return [_work() for _ in calls]
 
@@ -707,7 +711,7 @@ class RankThreads:
         with self.cond:
             self._reset()
         try:
-            with _torch.thread_local_c10d(), _torch.tracking_meshes():
+            with _torch.thread_local_c10d(), _torch.tracking_meshes(), _torch.premul_sum_factors():
                 for box in self._inbox:
                     box.put(job)
                 self._wait_all()
@@ -916,6 +920,8 @@ class MeetingMode(_torch.TorchDispatchMode):
         seq_key = (self.rank, gkey)
         seq = self.pool.seqs[seq_key] = self.pool.seqs.get(seq_key, 0) + 1
         call = Call(self.rank, spec, impl, bound, ranks, gkey, seq)
+        if call.reduce() == "premul_sum":
+            call.factor = _torch.premul_factor(bound["reduce_op"])
         meeting, out = self.pool.collective(call)
         if self.on_meeting is not None:
             self.on_meeting("meeting", meeting.id, meeting.stamp, None)

@@ -471,7 +471,8 @@ def _stack_text(frames: tuple[tuple[str, str, int], ...], limit: int = 16) -> st
 def _user_frame(frames: tuple[tuple[str, str, int], ...]) -> tuple[str, str, int] | None:
     for fr in frames:
         f = fr[1].replace(os.sep, "/")
-        if "/torch/" not in f and "/shardviz/" not in f and not f.startswith("<"):
+        library = ("/torch/", "/shardviz/", "/site-packages/", "/dist-packages/")
+        if not any(part in f for part in library) and not f.startswith("<"):
             return fr
     return None
 

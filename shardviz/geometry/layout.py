@@ -5,6 +5,8 @@ placements. It is a pure function so that a 512-rank mesh takes milliseconds ins
 simulation, and so that views never need torch. Shards are applied left to right over the mesh
 dims, following ``torch.chunk`` semantics (DTensor's own convention), so uneven and empty shards
 come out exactly as DTensor makes them; ``_StridedShard`` produces non-contiguous indices.
+Tensor types that choose their own shard sizes (PhysicsNeMo's ShardTensor: 3, 3, 2, 2 where
+chunking gives 3, 3, 3, 1) pass them as ``shard_sizes``, which replace chunking on those mesh dims.
 """
 
 from __future__ import annotations
@@ -244,6 +246,49 @@ def _split(runs: Runs, p: Placement, n: int, i: int) -> Runs:
     return _merge([r for piece in pieces for r in _chunk(piece, n, i)])
 
 
+def _split_sizes(runs: Runs, sizes: tuple[int, ...], m: int, coord: tuple[int, ...]) -> Runs:
+    """Piece ``coord[m]`` of ``runs`` cut into the given sizes, in coordinate order."""
+    length = _length(runs)
+    if sum(sizes) != length:
+        raise ValueError(
+            f"shard_sizes for mesh dim {m} are {list(sizes)}, which add up to {sum(sizes)}, but the "
+            f"piece mesh dim {m} splits at coordinate {coord} has {length} element(s) along that dim: "
+            "the sizes along a mesh dim must add up to what it splits"
+        )
+    start = sum(sizes[: coord[m]])
+    return _slice(runs, start, start + sizes[coord[m]])
+
+
+def _check_shard_sizes(
+    shard_sizes: Mapping[int, Sequence[int]] | None, pls: Sequence[Placement], mshape: Sequence[int]
+) -> dict[int, tuple[int, ...]]:
+    """Explicit sizes per mesh dim, checked against the placements and the mesh shape."""
+    if not shard_sizes:
+        return {}
+    out: dict[int, tuple[int, ...]] = {}
+    for m, given in shard_sizes.items():
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < len(mshape):
+            raise ValueError(f"shard_sizes has mesh dim {m!r}; this mesh has dims 0..{len(mshape) - 1}")
+        if pls[m].kind != "shard":
+            raise ValueError(
+                f"shard_sizes gives sizes for mesh dim {m}, whose placement is {pls[m]}: sizes apply to "
+                'a "S(d)" placement only'
+            )
+        try:
+            sizes = tuple(given)
+        except TypeError:
+            raise TypeError(f"shard_sizes[{m}] must be a list of ints, one per coordinate") from None
+        if len(sizes) != mshape[m] or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes
+        ):
+            raise ValueError(
+                f"shard_sizes[{m}] is {list(sizes)}: give {mshape[m]} non-negative int(s), one per "
+                f"coordinate along mesh dim {m}"
+            )
+        out[m] = sizes
+    return out
+
+
 def compute(
     global_shape: Sequence[int],
     mesh_shape: Sequence[int],
@@ -254,12 +299,15 @@ def compute(
     mesh_ranks: Sequence[int] | None = None,
     shard_order: Mapping[int, Sequence[int]] | None = None,
     groups: Sequence[Sequence[int]] | None = None,
+    shard_sizes: Mapping[int, Sequence[int]] | None = None,
 ) -> Layout:
     """The pure geometry behind ``sv.layout(shape, mesh_shape, placements)``, cached: a Layout is
     immutable, and recording sees the same few layouts again and again.
 
     ``groups`` makes the mesh a sub-mesh of a larger world: every instance's global ranks, each in
     row-major order (``shardviz.mesh.submesh_groups`` computes them for a slice of a world mesh).
+    ``shard_sizes`` gives, for a mesh dim with a ``S(d)`` placement, the size of dim ``d`` at each
+    coordinate along it (``{0: (3, 3, 2, 2)}``), where the tensor does not follow chunking.
     """
     try:
         key = (
@@ -273,6 +321,7 @@ def compute(
             tuple(mesh_ranks) if mesh_ranks is not None else None,
             tuple((k, tuple(v)) for k, v in sorted(shard_order.items())) if shard_order else None,
             tuple(tuple(g) for g in groups) if groups is not None else None,
+            tuple((k, tuple(v)) for k, v in sorted(shard_sizes.items())) if shard_sizes else None,
         )
         hash(key)
     except TypeError:  # unhashable input: let the checks below explain it
@@ -285,13 +334,14 @@ def compute(
             mesh_ranks=mesh_ranks,
             shard_order=shard_order,
             groups=groups,
+            shard_sizes=shard_sizes,
         )
     return _cached(key)
 
 
 @functools.lru_cache(maxsize=512)
 def _cached(key: tuple[Any, ...]) -> Layout:
-    shape, mesh_shape, placements, names, dtype, ranks, order, groups = key
+    shape, mesh_shape, placements, names, dtype, ranks, order, groups, sizes = key
     return _compute(
         shape,
         mesh_shape,
@@ -301,7 +351,28 @@ def _cached(key: tuple[Any, ...]) -> Layout:
         mesh_ranks=ranks,
         shard_order=dict(order) if order else None,
         groups=groups,
+        shard_sizes=dict(sizes) if sizes else None,
     )
+
+
+def check_arguments(
+    global_shape: object,
+    mesh_shape: object,
+    placements: object,
+    mesh_dim_names: object = None,
+    mesh_ranks: Sequence[int] | None = None,
+    groups: Sequence[Sequence[int]] | None = None,
+) -> None:
+    """Raise the error ``compute`` would raise for wrong arguments, before any geometry runs: a
+    front end calls it to raise from its own line instead of from deep inside the cached geometry."""
+    shape = _check_shape(global_shape)
+    mshape = _mesh.check_mesh_shape(mesh_shape)
+    _check_names(cast("Sequence[str] | None", mesh_dim_names), len(mshape))
+    normalize(placements, len(shape), len(mshape))
+    nranks = _mesh.size(mshape)
+    _check_groups(groups, nranks, mesh_ranks)
+    if mesh_ranks is not None and groups is None and len(tuple(mesh_ranks)) != nranks:
+        raise ValueError(f"mesh_ranks has {len(tuple(mesh_ranks))} ranks for a mesh of {nranks}")
 
 
 def _compute(
@@ -314,12 +385,14 @@ def _compute(
     mesh_ranks: Sequence[int] | None = None,
     shard_order: Mapping[int, Sequence[int]] | None = None,
     groups: Sequence[Sequence[int]] | None = None,
+    shard_sizes: Mapping[int, Sequence[int]] | None = None,
 ) -> Layout:
     """The geometry itself.
 
     ``shard_order`` maps a tensor dim to the order its mesh dims are applied in, for DTensors
     whose spec records a non-default order; by default mesh dims apply left to right. ``groups``:
-    see :func:`compute`; one group is the same as ``mesh_ranks``.
+    see :func:`compute`; one group is the same as ``mesh_ranks``. ``shard_sizes``: see
+    :func:`compute`.
     """
     shape = _check_shape(global_shape)
     mshape = _mesh.check_mesh_shape(mesh_shape)
@@ -353,6 +426,7 @@ def _compute(
                 )
             order[d] = list(mesh_dims)
     is_partial = any(p.kind == "partial" for p in pls)
+    sizes = _check_shard_sizes(shard_sizes, pls, mshape)
 
     shards = []
     for rank, coord in zip(ranks, _mesh.coords(mshape), strict=True):
@@ -360,7 +434,10 @@ def _compute(
         for d, n in enumerate(shape):
             runs: Runs = [(0, n)] if n else []
             for m in order.get(d, ()):
-                runs = _split(runs, pls[m], mshape[m], coord[m])
+                if m in sizes:
+                    runs = _split_sizes(runs, sizes[m], m, coord)
+                else:
+                    runs = _split(runs, pls[m], mshape[m], coord[m])
             length = _length(runs)
             local.append(length)
             offset.append(runs[0][0] if runs else n)

@@ -7,6 +7,7 @@ layout view to draw one region per rank, clicks a rank, and checks the kernel sa
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
@@ -163,3 +164,47 @@ def test_tour_in_jupyterlab(lab, page, artifacts):
     player.scroll_into_view_if_needed()
     player.screenshot(path=str(artifacts / "jupyterlab_player.png"))
     assert page.errors == [], page.errors
+
+
+CONTENTS_PUT = """([name, content]) =>
+    window.jupyterapp.serviceManager.contents.save(name, {type: 'file', format: 'text', content})
+        .then(() => true)"""
+CONTENTS_GET = """(name) =>
+    window.jupyterapp.serviceManager.contents.get(name, {type: 'file', format: 'text', content: true})
+        .then((m) => m.content)"""
+STOP_KERNELS = "() => window.jupyterapp.serviceManager.sessions.shutdownAll().then(() => true)"
+
+
+SAVED_WITH_KERNEL_INFO = """() => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const model = w && w.content && w.content.model;
+    return !!(model && !model.dirty && model.getMetadata('language_info') && model.getMetadata('kernelspec'));
+}"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a kernel per notebook: ~150 s on an idle 2-core machine
+def test_opening_and_saving_each_notebook_changes_no_byte(lab, page):
+    """JupyterLab sets the kernelspec and language_info when it opens a notebook (and autosaves):
+    saved notebooks must already hold what it writes, or a demo leaves `git status` dirty."""
+    p = page.page
+    p.set_default_timeout(120_000)
+    changed = []
+    p.goto(f"{lab}/lab")
+    p.wait_for_function("() => !!(window.jupyterapp && window.jupyterapp.serviceManager.isReady)")
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        original = path.read_text()
+        name = f"roundtrip-{path.name}"
+        p.evaluate(CONTENTS_PUT, [name, original])  # the page's own API: it holds the XSRF cookie
+        p.goto(f"{lab}/lab/tree/{name}")
+        p.wait_for_function(KERNEL_IDLE)
+        p.evaluate("window.jupyterapp.commands.execute('docmanager:save')")
+        p.wait_for_function(SAVED_WITH_KERNEL_INFO)
+        saved = p.evaluate(CONTENTS_GET, name)
+        p.evaluate(STOP_KERNELS)
+        if saved != original:
+            diff = difflib.unified_diff(
+                original.splitlines(), saved.splitlines(), path.name, "saved", lineterm=""
+            )
+            changed.append("\n".join(list(diff)[:40]))
+    assert not changed, "JupyterLab rewrote:\n" + "\n".join(changed)

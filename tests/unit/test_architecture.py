@@ -75,6 +75,14 @@ PRIVATE_TORCH_ATTRIBUTES = frozenset(
 )
 
 
+# A framework adapter reads its framework's objects (PhysicsNeMo's ShardTensor keeps ``_spec`` and
+# ``_local_tensor``, names DTensor also has): those names are allowed in that one module, and the
+# framework's other private names (``FRAMEWORK_PRIVATE``) are read there and nowhere else.
+FRAMEWORK_ADAPTERS = {"shardviz/capture/adapters/physicsnemo.py": frozenset({"_spec", "_local_tensor"})}
+FRAMEWORK_PRIVATE = {"shardviz/capture/adapters/physicsnemo.py": ("_sharding_shapes", "_shared_state")}
+FRAMEWORKS = ("physicsnemo",)  # never imported by shardviz: adapters read sys.modules
+
+
 @dataclass(frozen=True)
 class Import:
     line: int
@@ -182,10 +190,11 @@ def _private_attribute(name: str) -> bool:
     return name in PRIVATE_TORCH_ATTRIBUTES or name.startswith("_get_")
 
 
-def private_torch_uses(source: str, rel: str) -> list[str]:
+def private_torch_uses(source: str, rel: str, allowed: frozenset[str] = frozenset()) -> list[str]:
     """Where a module touches private torch: imports, ``torch._x`` / ``torch.ops._x`` chains
     (through any name bound to torch), private attributes of torch objects (also through
-    ``getattr``), and ``importlib.import_module("torch._x")``."""
+    ``getattr``), and ``importlib.import_module("torch._x")``. ``allowed``: attribute names the
+    module reads on another framework's objects."""
     tree = ast.parse(source, filename=rel)
     found = []
     for imp in _imports(tree, rel):
@@ -198,7 +207,7 @@ def private_torch_uses(source: str, rel: str) -> list[str]:
             chain = _dotted(node)
             if chain is not None and chain[0] in bound:
                 found.append(f"{at} reaches private torch `{'.'.join([bound[chain[0]], *chain[1:]])}`")
-            elif _private_attribute(node.attr) and not _own_receiver(node.value):
+            elif _private_attribute(node.attr) and not _own_receiver(node.value) and node.attr not in allowed:
                 found.append(f"{at} reads the private torch attribute `{node.attr}`")
         elif isinstance(node, ast.Call) and node.args:
             func = ast.unparse(node.func)
@@ -256,11 +265,42 @@ def test_private_torch_only_in_the_gate():
     for path in _sources():
         rel = _rel(path)
         if rel != TORCH_GATE:
-            problems += private_torch_uses(_read(path), rel)
+            problems += private_torch_uses(_read(path), rel, FRAMEWORK_ADAPTERS.get(rel, frozenset()))
     _fail(
         problems,
         f"private torch is used outside {TORCH_GATE}; add a small named function there and call it",
     )
+
+
+def test_frameworks_are_never_imported():
+    problems = []
+    for path in _sources():
+        rel = _rel(path)
+        for line, text, module in forbidden_imports(_read(path), rel, FRAMEWORKS):
+            problems.append(f"{rel}:{line}: `{text}` imports `{module}`")
+    _fail(problems, "shardviz imports a framework it adapts to; its adapter reads it from sys.modules")
+
+
+def test_adapters_load_only_when_their_framework_does():
+    adapters = {_module_name(rel) for rel in FRAMEWORK_ADAPTERS}
+    problems = []
+    for path in _sources():
+        rel = _rel(path)
+        for line, text, module in forbidden_imports(_read(path), rel, tuple(adapters)):
+            if rel not in FRAMEWORK_ADAPTERS:
+                problems.append(f"{rel}:{line}: `{text}` imports `{module}`")
+    _fail(problems, "a framework adapter is imported directly; shardviz.capture.adapters loads it on demand")
+
+
+def test_framework_privates_only_in_their_adapter():
+    problems = []
+    for path in _sources():
+        rel = _rel(path)
+        source = _read(path)
+        for owner, names in FRAMEWORK_PRIVATE.items():
+            if rel != owner:
+                problems += [f"{rel}: reads `{n}` (only {owner} may)" for n in names if n in source]
+    _fail(problems, "a framework's private attributes are read outside its adapter")
 
 
 def test_torch_layout_only_in_the_gate():
@@ -372,3 +412,15 @@ def test_forbidden_imports_are_found_at_any_depth():
     source = "def f():\n    import torch\n\nif TYPE_CHECKING:\n    from ..capture.recorder import Recorder\n"
     found = forbidden_imports(source, "shardviz/views/example.py", NOT_FOR_PLAIN_DATA)
     assert [(line, module) for line, _, module in found] == [(2, "torch"), (5, "shardviz.capture.recorder")]
+
+
+def test_an_adapter_may_read_its_frameworks_attributes_and_nothing_more():
+    adapter = "shardviz/capture/adapters/physicsnemo.py"
+    allowed = FRAMEWORK_ADAPTERS[adapter]
+    assert private_torch_uses("def f(st):\n    return st._spec, st._local_tensor", adapter, allowed) == []
+    # torch's own privates stay the gate's, in the adapter too
+    found = private_torch_uses("def f(dt):\n    return dt._local_tensor, dt._schema", adapter, allowed)
+    assert found == [f"{adapter}:2: `dt._schema` reads the private torch attribute `_schema`"]
+    assert private_torch_uses("def f(st):\n    return st._spec", "shardviz/show.py") != []
+    imports = forbidden_imports("import physicsnemo.distributed\n", "shardviz/show.py", FRAMEWORKS)
+    assert [module for _, _, module in imports] == ["physicsnemo.distributed"]

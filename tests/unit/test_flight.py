@@ -148,6 +148,20 @@ def test_stack_becomes_the_source_line(tmp_path):
     assert c.source == Source(str(src), 3, "<module>()")
 
 
+def test_installed_packages_on_the_stack_are_not_the_source_line(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("import torchtitan\n\ntrainer.train()\n")
+    frames = [
+        {"name": "all_reduce", "filename": "/x/torch/distributed/distributed_c10d.py", "line": 9},
+        {"name": "fwd", "filename": "/usr/lib/python3/dist-packages/physicsnemo/model.py", "line": 7},
+        {"name": "step", "filename": "/venv/lib/python3.11/site-packages/torchtitan/trainer.py", "line": 40},
+        {"name": "<module>", "filename": str(src), "line": 3},
+    ]
+    trace = flight.align({0: dump(entry("0", 1, "allreduce", frames=frames))}, source_root=tmp_path)
+    (c,) = trace.collectives()
+    assert c.source == Source(str(src), 3, "trainer.train()")
+
+
 def test_load_folder_and_pickle_opt_in(tmp_path):
     folder = write_dumps(tmp_path / "fr", {r: healthy(r) for r in range(2)})
     trace = sv.load(folder)

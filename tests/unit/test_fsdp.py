@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import shardviz as sv
+from shardviz.backends import choose
 from shardviz.capture import torch as _torch
 
 pytestmark = pytest.mark.timeout(240)
@@ -196,3 +197,94 @@ def test_fsdp_in_a_threaded_run_trains_as_plain_torch():
     scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
     assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
     assert {e.module for e in scatters} == {"FSDPSequential.0", "FSDPSequential.2"}
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_gradient_reduce_scatter_in_a_pipeline_is_the_backward():
+    """A 1F1B pipeline on a (pp, dp) mesh, each stage sharded over dp: torch's schedule calls
+    FSDP's post_backward itself after the last microbatch, outside the autograd engine; the
+    gradients' reduce-scatter is still the backward (it was labelled "forward")."""
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.manual_seed(0)
+    full = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+    x, y = torch.randn(2, 8, 8), torch.randn(2, 8, 8)  # one batch per dp rank
+
+    def step():
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        pp, dp = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        part = [full[0:2], full[2:4]][pp]
+        fully_shard(part, mesh=mesh["dp"])
+        stage = PipelineStage(part, pp, 2, torch.device("cpu"), group=mesh.get_group("pp"))
+        schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=nn.MSELoss())
+        if pp == 0:
+            schedule.step(x[dp])
+        else:
+            schedule.step(target=y[dp])
+        return {n: p.grad.full_tensor() for n, p in part.named_parameters()}
+
+    assert [n for n, _ in full[2:4].named_parameters()] == ["2.weight", "2.bias"]
+    sv.use("threads", world_size=4)
+    try:
+        trace = sv.run(step)
+    finally:
+        sv.use("local", world_size=4)
+    # plain torch: each dp rank's loss is the mean over its 4 microbatches; FSDP averages over dp
+    ref = copy.deepcopy(full)
+    losses = [
+        sum(F.mse_loss(o, t) for o, t in zip(ref(x[d]).chunk(4), y[d].chunk(4), strict=True)) / 4
+        for d in range(2)
+    ]
+    (sum(losses) / 2).backward()
+    want = dict(ref.named_parameters())
+    for r in range(4):
+        for name, g in trace.results[r].items():  # a slice of a Sequential keeps its names
+            torch.testing.assert_close(g, want[name].grad, atol=1e-6, rtol=1e-5, msg=f"{name} rank {r}")
+    scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
+    assert {e.groups for e in scatters} == {((0, 1),), ((2, 3),)}
+    assert [e.phase for e in scatters] == ["backward", "backward"]
+
+
+def test_cpu_offload_trains_and_pinned_memory_is_explained_by_its_real_cause():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=False))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        opt.step()
+    plain_step(plain, batches, torch.optim.SGD, steps=1)
+    assert_same_parameters(model, plain)
+    # Pinned host memory needs an accelerator: torch raises this on CPU-only real ranks too.
+    with pytest.raises(RuntimeError, match=r"pin_memory=False") as info, sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        fully_shard(mlp(), mesh=mesh, offload_policy=CPUOffloadPolicy())
+    text = str(info.value)
+    assert "real CPU ranks (gloo) as well" in text and "mixed precision" not in text
+
+
+def test_a_gradient_divide_factor_runs_in_the_simulation_without_a_recorder():
+    # ReduceOp.PREMUL_SUM(1 / factor): torch 2.13's LocalTensorMode lacks it; the simulation itself
+    # (sv.record's recorder aside) applies it, so an unrecorded step runs the same numbers.
+    sv.use("local", world_size=4)
+    plain = mlp()
+    batches = [torch.randn(3, 8) for _ in range(4)]
+    model = copy.deepcopy(plain)
+    with choose.current().simulate():
+        mesh = init_device_mesh("cpu", (4,))
+        for m in (model[0], model[2], model):
+            fully_shard(m, mesh=mesh)
+            m.set_gradient_divide_factor(2.0)
+        model(sv.per_rank(lambda r: batches[r])).sum().backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    (sum(plain(b).sum() for b in batches) / 2).backward()
+    for name, p in plain.named_parameters():
+        for r, g in _torch.local_tensors(grads[name]).items():
+            torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")

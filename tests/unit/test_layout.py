@@ -144,3 +144,62 @@ def test_plain_tensor_is_refused_with_guidance():
 
     with pytest.raises(TypeError, match="has no placements"):
         sv.layout(torch.ones(3))
+
+
+# ---- explicit shard sizes (tensors that choose their own, e.g. PhysicsNeMo's ShardTensor) -------
+
+
+def test_shard_sizes_replace_chunking_on_their_mesh_dim():
+    lay = sv.layout((10,), (4,), ["S(0)"], shard_sizes={0: (3, 3, 2, 2)})
+    # by hand: 3, 3, 2, 2 from the start of the vector (chunking would give 3, 3, 3, 1)
+    assert [s.shape for s in lay] == [(3,), (3,), (2,), (2,)]
+    assert [s.offset for s in lay] == [(0,), (3,), (6,), (8,)]
+    assert [s.indices for s in lay] == [((range(a, b),),) for a, b in ((0, 3), (3, 6), (6, 8), (8, 10))]
+    assert lay.owners((7,)) == [2]
+
+
+def test_shard_sizes_on_a_2d_mesh_and_an_empty_shard():
+    lay = sv.layout((5, 6), (2, 2), ["S(0)", "S(1)"], shard_sizes={1: (6, 0)})
+    # mesh dim 0 chunks the 5 rows (3, 2); mesh dim 1 gives all 6 columns to coordinate 0
+    assert [s.shape for s in lay] == [(3, 6), (3, 0), (2, 6), (2, 0)]
+    assert lay.shard(1).empty and not lay.shard(0).empty
+    assert lay.shard(2).indices == ((range(3, 5),), (range(0, 6),))
+
+
+def test_shard_sizes_nest_inside_an_earlier_split_of_the_same_dim():
+    lay = sv.layout((10, 2), (2, 2), ["S(0)", "S(0)"], shard_sizes={0: (4, 6)})
+    # rows 0-3 to coordinate 0 of mesh dim 0 and rows 4-9 to 1, then each piece chunked in two
+    assert [s.offset[0] for s in lay] == [0, 2, 4, 7] and [s.shape[0] for s in lay] == [2, 2, 3, 3]
+    # sizes for the inner mesh dim must fit every piece it cuts: rows 4-9 (6) are not 2 + 2
+    with pytest.raises(
+        ValueError, match=r"add up to 4, but the piece mesh dim 1 splits at coordinate \(1, 0\) has 6"
+    ):
+        sv.layout((10, 2), (2, 2), ["S(0)", "S(0)"], shard_sizes={0: (4, 6), 1: (2, 2)})
+
+
+@pytest.mark.parametrize(
+    "sizes, error, match",
+    [
+        ({0: (3, 3, 2, 1)}, ValueError, "add up to 9"),
+        ({0: (5, 5)}, ValueError, "give 4 non-negative int"),
+        ({0: (3, 3, -1, 5)}, ValueError, "give 4 non-negative int"),
+        ({1: (3, 3, 2, 2)}, ValueError, "mesh dim 1"),
+        ({0: 7}, TypeError, "list of ints"),
+    ],
+)
+def test_bad_shard_sizes_say_what_is_wrong(sizes, error, match):
+    with pytest.raises(error, match=match):
+        sv.layout((10,), (4,), ["S(0)"], shard_sizes=sizes)
+
+
+def test_shard_sizes_only_for_a_plain_shard():
+    with pytest.raises(ValueError, match=r'apply to a "S\(d\)" placement only'):
+        sv.layout((10,), (2,), ["R"], shard_sizes={0: (5, 5)})
+    with pytest.raises(ValueError, match="placement is _S"):
+        sv.layout((10,), (2,), ["_S(0,sf=2)"], shard_sizes={0: (5, 5)})
+
+
+def test_explicit_layouts_round_trip_and_are_not_chunked_ones():
+    lay = sv.layout((10,), (4,), ["S(0)"], shard_sizes={0: (3, 3, 2, 2)})
+    assert Layout.from_dict(lay.to_dict()) == lay
+    assert lay != sv.layout((10,), (4,), ["S(0)"])

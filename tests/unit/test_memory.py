@@ -155,3 +155,26 @@ def test_sharding_propagation_fake_tensors_are_not_counted(two):
     assert trace.memory.peak.tolist() == [2 * shard, 2 * shard]  # dt's shard and z's
     assert trace.memory.end.tolist() == [2 * shard, 2 * shard]
     del z
+
+
+class _PerPart(torch.optim.Optimizer):
+    """One optimizer per model part in ``.optimizers``, its own state empty (as torchtitan's
+    OptimizersContainer)."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer], params: list[nn.Parameter]) -> None:
+        self.optimizers = parts
+        super().__init__(params, {})
+
+
+def test_an_optimizer_wrapper_counts_its_parts_state(two):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))  # 40 + 18 floats
+    parts = [torch.optim.Adam(model[0].parameters()), torch.optim.Adam(model[1].parameters())]
+    model(torch.randn(3, 4)).sum().backward()
+    for opt in parts:
+        opt.step()
+    wrapper = _PerPart(parts, list(model.parameters()))
+    with sv.record(memory=[model, wrapper]) as trace:
+        pass
+    # params + grads + Adam's exp_avg and exp_avg_sq: 4 x 58 floats, and 4 float steps
+    assert trace.memory.start.tolist() == [4 * 58 * 4 + 4 * 4] * 2

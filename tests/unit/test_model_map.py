@@ -115,6 +115,32 @@ def test_grads_and_adam_state_are_counted(tp4):
     assert sv.model_map(model, optimizer=opt, grads=False).totals().tolist() == [3 * 1120 + 16] * 4
 
 
+class PerPartOptimizers(torch.optim.Optimizer):
+    """A wrapper of one optimizer per model part, as torchtitan's OptimizersContainer: an
+    Optimizer whose own state stays empty, the parts' state in ``.optimizers``."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer], params: list[torch.nn.Parameter]) -> None:
+        self.optimizers = parts
+        super().__init__(params, {})
+
+
+def test_an_optimizer_wrapper_counts_each_parts_state(tp4):
+    model, opt = tp4
+    fc1 = list(model.fc1.parameters())
+    fc2 = list(model.fc2.parameters())
+    parts = [torch.optim.Adam(fc1), torch.optim.Adam(fc2)]
+    for part, params in zip(parts, (fc1, fc2), strict=True):  # each part's state: opt's, copied
+        for p in params:
+            part.state[p] = dict(opt.state[p])
+    wrapper = PerPartOptimizers(parts, fc1 + fc2)
+    assert len(wrapper.state) == 0  # what the model map read before: no optimizer state at all
+    want = sv.model_map(model, optimizer=opt)
+    for given in (wrapper, parts):
+        m = sv.model_map(model, optimizer=given)
+        assert [r.name for r in m.rows] == [r.name for r in want.rows]
+        assert m.totals("optimizer").tolist() == [2 * 1120 + 16] * 4  # by hand, as above
+
+
 def test_fsdp_tp_hand_placed_on_dp_tp_mesh():
     sv.use("local", world_size=4)
     model = torch.nn.Module()

@@ -243,6 +243,70 @@ def test_torch_compile_eager_backends_work_and_inductor_is_explained():
     assert no_modes_left()
 
 
+class Gather(nn.Module):
+    """All-gathers its input and applies a submodule: module calls inside the compiled region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(x.redistribute(x.device_mesh, [Replicate()]) * 2)
+
+
+@pytest.mark.timeout(240)
+# aot_eager first: torch fails to compile this module with it once the process compiled it with
+# "eager" ("Node tangents_5 was invalid, but is output" in AOTAutograd's partitioner, plain
+# LocalTensorMode too), a limit of torch's LocalTensor under torch.compile.
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_a_module_compiled_with_fullgraph_runs_under_record(backend):
+    # shardviz's module tracking used to be traced into the compiled region (it registers a hook
+    # there: "setattr() on unsupported type" with fullgraph=True).
+    sv.use("local", world_size=4)
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+    want = x.clone().requires_grad_()
+    torch.tanh(want * 2).sum().backward()
+    model = nn.Sequential(nn.Identity(), Gather())
+    with sv.record() as trace:
+        mesh = init_device_mesh("cpu", (4,))
+        dx = distribute_tensor(x.clone().requires_grad_(), mesh, [Shard(0)])
+        model[1].compile(backend=backend, fullgraph=True)
+        y = model(dx)
+        y.to_local().sum().backward()
+        grad = dx.grad.full_tensor()
+    for r, v in _torch.local_tensors(y.to_local()).items():
+        torch.testing.assert_close(v, torch.tanh(x * 2), msg=f"rank {r}")
+    for r, g in _torch.local_tensors(grad).items():
+        torch.testing.assert_close(g, want.grad, msg=f"rank {r}")
+    gathers = [e for e in trace.collectives() if e.op == "all_gather" and e.source.text == "y = model(dx)"]
+    if backend == "eager":  # DTensor runs the compiled graph's ops as they come: all recorded
+        # by the compiled module's name, at the line that called it (its compiled lines do not run)
+        assert [(e.module, e.phase) for e in gathers] == [("Sequential.1", "forward")]
+        assert trace.notes == []
+    else:  # AOTAutograd compiled the per-rank tensors in: the trace says what it lacks
+        assert gathers == []
+        (note,) = trace.notes
+        assert 'backend="aot_eager"' in note and "y = model(dx)" in note and "not in this trace" in note
+    assert no_modes_left()
+
+
+@pytest.mark.timeout(120)
+def test_a_graph_break_is_explained_as_dynamos_not_inductors():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+
+    def noisy(t):
+        print("not traceable with fullgraph=True")
+        return t * 2
+
+    with pytest.raises(Exception, match="cannot turn this code into one graph") as e, sv.record():
+        torch.compile(noisy, backend="eager", fullgraph=True)(dt)
+    assert "inductor" not in str(e.value).split("shardviz:")[1]
+    assert type(e.value).__module__.startswith("torch")
+
+
 def test_fsdp2_runs_in_the_simulation_and_torch_is_left_as_it_was():
     import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
     from torch.distributed.fsdp import fully_shard

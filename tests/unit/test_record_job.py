@@ -25,7 +25,8 @@ from torch.distributed.tensor import DTensor
 import shardviz as sv
 from shardviz.backends import session
 from shardviz.capture import torch as _torch
-from shardviz.capture.job import SignalWarning, rank_path
+from shardviz.capture.job import SignalWarning
+from shardviz.data.load import rank_path
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -705,6 +705,42 @@ def test_fsdp2_data_parallel_step_against_plain_torch():
 
 
 @pytest.mark.timeout(60)
+def test_fsdp2_gradient_divide_factor_premul_sum_against_plain_torch():
+    """A divide factor other than the group size makes FSDP2 reduce-scatter with
+    ReduceOp.PREMUL_SUM(1 / factor) (torchtitan sets 1): each member's gradient is scaled by its
+    factor, then summed. Expectation: the summed gradients of the ranks' losses / 2, in one process."""
+    from torch.distributed.fsdp import fully_shard
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    x = torch.arange(64.0).reshape(8, 8) / 64
+
+    def fn():
+        model = build()
+        mesh = init_device_mesh("cpu", (N,))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for m in (model, model[0], model[2]):  # each module's own parameter group
+            m.set_gradient_divide_factor(2.0)
+        rank = dist.get_rank()
+        model(x[2 * rank : 2 * rank + 2]).sum().backward()
+        return model[0].weight.grad.full_tensor(), model[2].bias.grad.full_tensor()
+
+    trace = sv.run(fn)
+    ref = build()
+    (sum(ref(x[2 * r : 2 * r + 2]).sum() for r in range(N)) / 2).backward()
+    for r in range(N):
+        g0, g2 = trace.results[r]
+        torch.testing.assert_close(g0, ref[0].weight.grad)
+        torch.testing.assert_close(g2, ref[2].bias.grad)
+    scatters = [e for e in trace.collectives() if e.op == "reduce_scatter"]
+    assert scatters and {e.reduce_op for e in scatters} == {"premul_sum"}
+
+
+@pytest.mark.timeout(60)
 def test_restart_gives_new_ranks_without_their_names():
     shell = _shell(dist=dist)
     backend = choose.current()

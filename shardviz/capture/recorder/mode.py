@@ -22,6 +22,7 @@ from ...data.events import CollectiveEvent, Event, LocalEvent, OpEvent, Redistri
 from ...data.trace import Trace
 from ...errors import P2P_HELP, P2PError, PerRankValueError, ShardvizError
 from ...geometry import mesh as _mesh
+from .. import adapters
 from .. import torch as _torch
 from . import c10d, caches, frames
 from . import redistribute as _redistribute
@@ -41,6 +42,15 @@ def _has_per_rank_int(args: Any, kwargs: Any) -> bool:
         ):
             return True
     return False
+
+
+_AOT_NOTE = (
+    'torch.compile ran graphs compiled with backend="aot_eager" at {where}: that backend compiles '
+    "the simulated ranks' tensors into the graph, so their collectives ran as plain per-rank "
+    "arithmetic (the results are right) and are not in this trace. To see them, compile with "
+    'backend="eager" (DTensor then runs its ops as they come), run that code uncompiled, or use '
+    "sv.use('threads', ...)."
+)
 
 
 class SharedLocalWriteError(ShardvizError, RuntimeError):
@@ -115,6 +125,7 @@ class Recorder(_torch.DebugMode):
         rank: int | None = None,
         on_collective: Callable[[str, str, tuple[tuple[int, ...], ...], Source | None], None] | None = None,
         alias_buffers: bool = True,
+        passive: bool = False,
     ) -> None:
         """``rank=None`` records a simulation (every rank's buffers, from LocalTensors); a rank
         number records one real process's own buffers and group, for the client to merge.
@@ -122,12 +133,15 @@ class Recorder(_torch.DebugMode):
         ``on_collective(stage, op, groups, source)`` is called with stage ``"enter"`` just before a
         collective runs and ``"leave"`` after: a real rank publishes it so that the client can
         tell where a rank blocked inside the collective is. ``alias_buffers=False`` copies every
-        snapshot at once (see ``Snapshots``)."""
+        snapshot at once (see ``Snapshots``). ``passive`` only watches: every op runs as
+        LocalTensorMode alone would run it (no collective done or refused here), for recording
+        code that must behave exactly as without shardviz (``pytest --shardviz-traces``)."""
         _torch.TorchDispatchMode.__init__(self)
         self.trace = trace
         self.world_size = world_size
         self.rank = rank
         self.on_collective = on_collective
+        self.passive = passive
         self.snaps = Snapshots(
             values if isinstance(values, ValueBudget) else ValueBudget(values), alias=alias_buffers
         )
@@ -141,6 +155,8 @@ class Recorder(_torch.DebugMode):
         self._group_desc: dict[int, str] = {}  # by id() of the event
         self.modules = _torch.ModuleStack()
         self._tracked: dict[int, weakref.ReferenceType[Any]] = {}
+        self._aot_lines: list[str] = []  # where graphs of backend="aot_eager" ran unseen
+        self._aot_note = ""
         self._kept_count = 0  # kept_so_far's progress through the slots
         self._kept_scan = 0
 
@@ -156,10 +172,12 @@ class Recorder(_torch.DebugMode):
         _torch.TorchDispatchMode.__enter__(self)
         _torch.debug_mode_counter(+1)
         self.modules.__enter__()
+        adapters.recording_started(self, self.rank, self.world_size)
         return self
 
     def __exit__(self, *exc: object) -> None:
         try:
+            adapters.recording_ended(self)
             self.modules.__exit__(*exc)
         finally:
             _torch.debug_mode_counter(-1)
@@ -174,13 +192,23 @@ class Recorder(_torch.DebugMode):
         """A user's ``to_local()``: an op event, and its result is followed for local compute."""
         if frames.is_library(caller):
             return
-        self._user_call("DTensor.to_local", dt, inputs=(_torch.placements_str(dt.placements),))
+        name = f"{type(dt).__name__}.to_local"  # DTensor, or a framework's own (ShardTensor)
+        self._user_call(name, dt, inputs=(_torch.placements_str(dt.placements),))
         self._track(out)
 
     def _on_from_local(self, out: Any, caller: FrameType) -> None:
-        if frames.is_library(caller) or not _torch.is_dtensor(out):
+        if frames.is_library(caller) or not (_torch.is_dtensor(out) or adapters.for_object(out)):
             return
-        self._user_call("DTensor.from_local", out, outputs=(_torch.placements_str(out.placements),))
+        name = f"{type(out).__name__}.from_local"
+        self._user_call(name, out, outputs=(_torch.placements_str(out.placements),))
+
+    def note_to_local(self, t: Any, out: Any, caller: FrameType) -> None:
+        """A framework adapter saw ``t.to_local()`` (a tensor type with its own spec) called."""
+        self._on_to_local(t, out, caller)
+
+    def note_from_local(self, out: Any, caller: FrameType) -> None:
+        """A framework adapter saw its ``from_local`` make ``out``."""
+        self._on_from_local(out, caller)
 
     def _user_call(
         self,
@@ -249,9 +277,28 @@ class Recorder(_torch.DebugMode):
         # (ignore_compile_internals, inherited from DebugMode).
         return False
 
+    @property
+    def run_compile_with_interpreter(self) -> bool:
+        """torch.compile's aot_eager backend asks the active DebugMode this each time a compiled
+        graph runs. In the simulator that graph is blind to the recorder: AOTAutograd traced
+        through the LocalTensors too, so each collective became plain arithmetic on every rank's
+        tensor (the same numbers, no collective dispatched). The trace says so instead of
+        silently lacking them."""
+        if self.rank is None:
+            src = frames.user_source(sys._getframe(1))
+            where = f"line {src.line} ({src.text})" if src is not None else "a compiled region"
+            if where not in self._aot_lines:
+                note = _AOT_NOTE.format(where=", ".join([*self._aot_lines, where]))
+                if self._aot_lines:
+                    self.trace.notes[self.trace.notes.index(self._aot_note)] = note
+                else:
+                    self.trace.notes.append(note)
+                self._aot_lines.append(where)
+                self._aot_note = note
+        return False
+
     # Attributes and hooks other parts of torch read from an active DebugMode (compiled regions,
     # higher-order ops): present, and doing nothing.
-    run_compile_with_interpreter = False
     record_stack_trace = False
     call_depth = 0
 
@@ -299,6 +346,38 @@ class Recorder(_torch.DebugMode):
         if parent is not None:
             self._has_children.add(parent)
         before, after, src_pl, dst_pl = _redistribute.layouts(caller, src, dst, self._note_mesh)
+        return self._open(
+            eid, parent, source, module, phase, before, after, src_pl, dst_pl, plan, explicit, implicit_outer
+        )
+
+    def open_layout_redistribute(
+        self, mesh: Any, before: Any, src: tuple[str, ...], dst: tuple[str, ...], plan: str, explicit: bool
+    ) -> _redistribute.OpenRedistribute:
+        """A redistribute a framework adapter reports (its own, not DTensor's), with the layout
+        before it; the adapter sets ``after`` once it is known, then closes it."""
+        eid = self._reserve()
+        source, module, phase, in_dispatch = self._context()
+        parent = self._parent(in_dispatch)
+        if parent is not None:
+            self._has_children.add(parent)
+        self._note_mesh(mesh)
+        return self._open(eid, parent, source, module, phase, before, None, src, dst, plan, explicit, False)
+
+    def _open(
+        self,
+        eid: int,
+        parent: int | None,
+        source: Source | None,
+        module: str | None,
+        phase: str | None,
+        before: Any,
+        after: Any,
+        src_pl: tuple[str, ...],
+        dst_pl: tuple[str, ...],
+        plan: str,
+        explicit: bool,
+        implicit_outer: bool,
+    ) -> _redistribute.OpenRedistribute:
         opened = _redistribute.OpenRedistribute(
             id=eid,
             parent=parent,
@@ -333,7 +412,7 @@ class Recorder(_torch.DebugMode):
                 if self._in_dtensor_op:
                     return NotImplemented
                 return self._dtensor_op(func, args, kwargs or {})
-            if not types and self.rank is None and _has_per_rank_int(args, kwargs):
+            if not types and self.rank is None and not self.passive and _has_per_rank_int(args, kwargs):
                 return self._per_rank_scalar(func, args, kwargs or {})
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
@@ -385,10 +464,14 @@ class Recorder(_torch.DebugMode):
     def _context(
         self, meshes: list[Any] | None = None, on_behalf: list[bool] | None = None
     ) -> tuple[Source | None, str | None, str | None, bool]:
-        fsdp: list[Any] = []
-        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, fsdp, on_behalf)
-        module = self.modules.current(fsdp[0] if fsdp else None)
-        backward = _torch.in_backward()
+        found = frames.Found(look_for_call=self.modules.compiled)
+        frame, in_dispatch = frames.user_frame(sys._getframe(2), meshes, found)
+        if on_behalf is not None and found.on_behalf:
+            on_behalf.append(True)
+        module = self.modules.current(found.fsdp, found.called)
+        # FSDP2's backward methods are the backward wherever they run: a pipeline schedule calls
+        # post_backward (the gradients' reduce-scatter) itself, outside the autograd engine.
+        backward = found.fsdp_backward or _torch.in_backward()
         phase = "backward" if backward else ("forward" if module is not None else None)
         return frames.source(frame), module, phase, in_dispatch
 
@@ -437,6 +520,8 @@ class Recorder(_torch.DebugMode):
         self, entry: tuple[Spec, str, list[str]], func: Any, args: Any, kwargs: dict[str, Any]
     ) -> Any:
         spec, impl, names = entry
+        if self.passive and spec.op in ("send", "recv"):
+            return func(*args, **kwargs)
         if self.rank is None and spec.op in ("send", "recv"):
             raise P2PError(
                 f"{impl} cannot run in a plain simulation: every rank runs in one thread here.\n{P2P_HELP}"
@@ -470,12 +555,13 @@ class Recorder(_torch.DebugMode):
         gkey = _torch.process_group_key(group) if group is not None else "WORLD"
         if self.rank is None:
             local = [t for t in ts if _torch.is_local_tensor(t)]
-            if ts and not local and not c10d.plain_is_fine(spec, bound):
+            if ts and not local and not self.passive and not c10d.plain_is_fine(spec, bound):
                 self._slots.pop()
                 raise c10d.plain_tensor_error(spec.op, impl)
             ranks = present_ranks(local, self.world_size)
             if (
-                spec.inputs
+                not self.passive
+                and spec.inputs
                 and spec.inputs != spec.outputs
                 and len(local) < len(ts)
                 and c10d.has_plain(in_arg)
@@ -498,13 +584,14 @@ class Recorder(_torch.DebugMode):
 
         if self.on_collective is not None:
             self.on_collective("enter", spec.op, groups, source)
-        per_group = c10d.PER_GROUP.get(impl) if self.rank is None else None
+        simulating = self.rank is None and not self.passive  # done or emulated here
+        per_group = c10d.PER_GROUP.get(impl) if simulating else None
         done = per_group(bound, groups) if per_group is not None else None
         if done is not None:
             out, group_values = done
         else:
             group_values = None
-            emulate = c10d.emulator(impl, bound) if self.rank is None else None
+            emulate = c10d.emulator(impl, bound) if simulating else None
             out = emulate(bound, groups) if emulate is not None else func(*args, **kwargs)
         if self.rank is not None:  # a real process: the result is only there once the work is done
             _torch.wait_collective(out, functional=spec.group == "group_name")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ...data.events import RedistributeEvent, Source
 from ...geometry.layout import Layout
 from ...geometry.layout import compute as compute_layout
+from .. import adapters
 from .. import torch as _torch
 from . import caches
 
@@ -138,8 +139,16 @@ def layouts(caller: FrameType, src: Any, dst: Any, note_mesh: Callable[[Any], No
             shape, names, ranks = _torch.mesh_info(src_spec.mesh)
             gshape = tuple(int(s) for s in src_spec.tensor_meta.shape)
             dtype = _torch.dtype_name(src_spec.tensor_meta.dtype)
-            before = compute_layout(gshape, shape, src_pl, names, dtype=dtype, mesh_ranks=ranks)
-            after = compute_layout(gshape, shape, dst_pl, names, dtype=dtype, mesh_ranks=ranks)
+            # A framework's spec with its own shard sizes (PhysicsNeMo's, behind DTensor's
+            # fallback) keeps them on the mesh dims the redistribute leaves alone.
+            sizes = adapters.shard_sizes(src_spec)
+            kept = {m: v for m, v in (sizes or {}).items() if src_pl[m] == dst_pl[m]} or None
+            before = compute_layout(
+                gshape, shape, src_pl, names, dtype=dtype, mesh_ranks=ranks, shard_sizes=sizes
+            )
+            after = compute_layout(
+                gshape, shape, dst_pl, names, dtype=dtype, mesh_ranks=ranks, shard_sizes=kept
+            )
     except Exception:
         before = after = None
     result = (before, after, src_pl, dst_pl)

@@ -21,6 +21,7 @@ import torch
 
 from ...data.events import NUMPY_WIDENED, TensorSnapshot
 from ...errors import SimulationWarning
+from .. import adapters
 from .. import torch as _torch
 from . import caches
 
@@ -199,6 +200,8 @@ def split_per_rank(value: Any, ranks: Sequence[int]) -> dict[int, Any]:
 def _at_rank(value: Any, rank: int) -> Any:
     if _torch.is_dtensor(value):
         value = _torch.local_of(value)
+    elif isinstance(value, torch.Tensor) and (shard := adapters.local_of(value)) is not None:
+        value = shard  # a framework's sharded tensor (PhysicsNeMo's ShardTensor): its local shard
     if isinstance(value, torch.Tensor):
         local = _torch.local_tensors(value)
         t = local[rank] if local is not None else value

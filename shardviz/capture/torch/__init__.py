@@ -14,6 +14,7 @@ import importlib
 import os
 import re
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
@@ -105,6 +106,7 @@ GET_RANK_PER_RANK = "get_rank" in getattr(_private["local_tensor_module"], "_PAT
 
 from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa: E402
+from torch.fx import GraphModule as _GraphModule  # noqa: E402
 from torch.nn.modules.module import (  # noqa: E402
     register_module_forward_pre_hook as _register_module_forward_pre_hook,
 )
@@ -123,6 +125,76 @@ __all__ = [
 def active_local_mode() -> Any:
     """The innermost active LocalTensorMode, or None."""
     return _private["local_tensor_mode"]()
+
+
+# The LocalTensorModes shardviz made (its backends' and its threads'): any other active one was
+# entered by the user or a test harness, and recording attaches to it instead of making its own.
+_own_modes: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def new_local_mode(world_size: int) -> Any:
+    mode = LocalTensorMode(world_size)
+    _own_modes.add(mode)
+    return mode
+
+
+def is_own_mode(mode: Any) -> bool:
+    return mode in _own_modes
+
+
+@contextlib.contextmanager
+def watching_local_modes(
+    on_enter: Callable[[Any], None], on_exit: Callable[[Any, tuple[Any, ...]], None]
+) -> Iterator[None]:
+    """While active, ``on_enter(mode)`` runs just after a LocalTensorMode that shardviz did not make
+    is entered with no other one active (a test harness opening its simulation), and
+    ``on_exit(mode, exc_info)`` just before that mode is left: the place to push a dispatch mode on
+    top of it and pop it again. torch's own nested entries are not reported."""
+    cls = LocalTensorMode
+    original_enter, original_exit = cls.__enter__, cls.__exit__
+    watched: set[int] = set()
+
+    @functools.wraps(original_enter)
+    def enter(self: Any) -> Any:
+        outermost = active_local_mode() is None
+        out = original_enter(self)
+        if outermost and not is_own_mode(self):
+            watched.add(id(self))
+            on_enter(self)
+        return out
+
+    @functools.wraps(original_exit)
+    def exit_(self: Any, *exc: Any) -> Any:
+        if id(self) in watched and active_local_mode() is self:
+            watched.discard(id(self))
+            try:
+                on_exit(self, exc)
+            finally:
+                left = original_exit(self, *exc)  # the mode is left even if on_exit failed
+            return left
+        return original_exit(self, *exc)
+
+    cls.__enter__, cls.__exit__ = enter, exit_
+    try:
+        yield
+    finally:
+        cls.__enter__, cls.__exit__ = original_enter, original_exit
+
+
+def drop_stale_local_mode(mode: Any) -> bool:
+    """Whether ``mode`` was listed as active by torch without being entered, and is now dropped.
+
+    An error that unwinds through LocalTensorMode's own dispatch without running its ``__exit__``
+    (a RecursionError inside torch.compile's tracing) leaves it in torch's list of active local
+    modes while off the dispatch stack: every later simulation would then find it "already
+    active", enter nothing, and run on plain tensors."""
+    listed = getattr(_private["local_tensor_module"], "get_local_tensor_mode_list", None)
+    modes = listed() if listed is not None else []
+    if mode not in modes or mode in dispatch_mode_stack():
+        return False
+    modes[:] = [m for m in modes if m is not mode]
+    mode.disable_()
+    return True
 
 
 def dispatch_mode_stack() -> list[Any]:
@@ -624,10 +696,33 @@ def reduce_op_name(op: Any) -> str:
 
 # The factor of each ReduceOp.PREMUL_SUM collective being called (innermost last). torch 2.13
 # cannot read it back from the boxed ReduceOp a c10d op receives (it has no ``ReduceOp.unbox``), so
-# ``premul_sum_factors`` keeps it from the Python call while the simulation runs.
-_premul_factors: list[Any] = []
+# ``premul_sum_factors`` keeps it from the Python call while the simulation runs, per thread (in
+# the one-thread-per-rank simulator each rank's thread calls, and may wait inside, its own).
+_premul_local = threading.local()
+
+
+def _premul_factors() -> list[Any]:
+    stack: list[Any] | None = getattr(_premul_local, "stack", None)
+    if stack is None:
+        stack = _premul_local.stack = []
+    return stack
+
+
 # dist functions that take a ReduceOp: the position of their ``op`` argument.
 _REDUCE_OP_ARG = {"all_reduce": 1, "reduce_scatter_tensor": 2, "reduce_scatter_single": 2}
+
+
+def _called_factor() -> Any:
+    """The factor of the PREMUL_SUM collective this thread is calling (see ``_premul_factors``)."""
+    factors = _premul_factors()
+    if not factors:
+        raise NotImplementedError(
+            "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
+            f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
+            f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
+            "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
+        )
+    return factors[-1]
 
 
 def premul_factor(op: Any) -> Any:
@@ -636,16 +731,12 @@ def premul_factor(op: Any) -> Any:
     if isinstance(op, torch.ScriptObject):
         unbox = getattr(dist.ReduceOp, "unbox", None)
         if unbox is None:
-            if not _premul_factors:
-                raise NotImplementedError(
-                    "a PREMUL_SUM collective reached the simulation through a call shardviz does not "
-                    f"follow ({', '.join('dist.' + n for n in _REDUCE_OP_ARG)} are followed): on this "
-                    f"torch ({torch.__version__}) its factor cannot be read back. Use ReduceOp.SUM and "
-                    "scale the result, or run on real process groups: sv.use('gloo', world_size=N)."
-                )
-            return _premul_factors[-1]
+            return _plain_factor(_called_factor())
         op = unbox(op)
-    factor = op.factor
+    return _plain_factor(op.factor)
+
+
+def _plain_factor(factor: Any) -> Any:
     if isinstance(factor, torch.Tensor) and factor.numel() == 1:
         return factor.item()
     return factor
@@ -692,35 +783,46 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
+        # A named module runs compiled: the walk to the user's line looks for the module being
+        # called (see ``current``), as no hook of its runs outside the compiled code.
+        self.compiled = False
 
     def _name(self, mod: Any) -> str:
         name = self._names.get(mod)
         if name is None:
             name = type(mod).__name__
             for path, sub in mod.named_modules():
+                self.compiled = self.compiled or is_compiled_module(sub)
                 if path and sub not in self._names:
                     self._names[sub] = f"{name}.{path}"
             self._names[mod] = name
         return name
 
     def _enter_forward(self, mod: Any, inputs: Any) -> None:
+        # Traced into a compiled region, a hook registered there would break the graph; the graph
+        # torch.compile's backends run (a GraphModule of no model) is torch's, not a module of the user's.
+        if torch.compiler.is_compiling() or (mod not in self._names and is_generated_module(mod)):
+            return
         if mod not in self._hooked:
             self._hooked.add(mod)
             self._handles.append(mod.register_forward_hook(self._leave_forward, always_call=True))
         self._stack.append((self._name(mod), torch._C._autograd._get_sequence_nr()))
 
     def _leave_forward(self, mod: Any, inputs: Any, output: Any) -> None:
-        if not self._stack:
+        if not self._stack or torch.compiler.is_compiling():
             return
         name, start = self._stack.pop()
         end = torch._C._autograd._get_sequence_nr()
         if end > start:
             self._spans.append((start, end, name))
 
-    def current(self, fsdp_owner: Any = None) -> str | None:
+    def current(self, fsdp_owner: Any = None, called: Any = None) -> str | None:
         """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
         of its frame, found by the walk to the user's line): what that group communicates
-        belongs to it, in the simulator and on real ranks, whichever module's hook ran it."""
+        belongs to it, in the simulator and on real ranks, whichever module's hook ran it.
+        ``called``: the innermost module being called (asked for while ``compiled``); a compiled
+        one is the module running, its hooks having stayed inside the compiled code. In the
+        backward a compiled module's work belongs to the innermost module that ran uncompiled."""
         if fsdp_owner is not None:
             name = self._names.get(fsdp_owner)  # named once its model ran
             if name is not None:
@@ -728,6 +830,10 @@ class ModuleStack:
         if in_backward():
             node = torch._C._current_autograd_node()
             return self._backward_owner(node._sequence_nr()) if node is not None else None
+        if called is not None and is_compiled_module(called):
+            name = self._names.get(called)
+            if name is not None:
+                return name
         return self._stack[-1][0] if self._stack else None
 
     def _backward_owner(self, seq: int) -> str | None:
@@ -750,15 +856,46 @@ class ModuleStack:
         self._stack.clear()
 
 
+# nn.Module.__call__'s code: a frame of it on the stack is a module being called (its ``self``).
+MODULE_CALL_CODE = torch.nn.Module._wrapped_call_impl.__code__
+
+
+def called_module(frame: FrameType) -> Any:
+    """The module a frame of ``MODULE_CALL_CODE`` calls."""
+    return frame.f_locals.get("self")
+
+
+def is_compiled_code(code: Any) -> bool:
+    """Whether ``code`` is torch.compile's rewrite of a function (Dynamo's bytecode, which keeps
+    the function's file name): its lines do not run one by one, so the line to show is its caller's."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils is not None and code in utils.orig_code_map
+
+
+def is_generated_module(mod: Any) -> bool:
+    """Whether ``mod`` is a torch.fx GraphModule: torch.compile's backends run the code they
+    compile as one."""
+    return isinstance(mod, _GraphModule)
+
+
+def is_compiled_module(mod: Any) -> bool:
+    """Whether ``mod`` runs compiled (``module.compile()``): its own hooks run inside the compiled
+    code, where shardviz's module tracking stays out."""
+    return getattr(mod, "_compiled_call_impl", None) is not None
+
+
 def op_schema_inputs(schema: Any) -> tuple[str, list[dict[str, Any]]]:
     """(operator name, geometry of each DTensor input) of a DTensor OpSchema."""
+    op, specs = op_schema_specs(schema)
+    return op, [g for g in map(spec_geometry, specs) if g is not None]
+
+
+def op_schema_specs(schema: Any) -> tuple[str, list[Any]]:
+    """(operator name, the spec of each DTensor input, keyword inputs too) of a DTensor OpSchema."""
     op = str(getattr(schema, "op", "?")).removesuffix(".default")
-    specs = []
-    for a in getattr(schema, "args_schema", ()):
-        g = spec_geometry(a)
-        if g is not None:
-            specs.append(g)
-    return op, specs
+    kwargs = getattr(schema, "kwargs_schema", None) or {}
+    args = [*getattr(schema, "args_schema", ()), *kwargs.values()]
+    return op, [a for a in args if getattr(a, "tensor_meta", None) is not None and hasattr(a, "placements")]
 
 
 class UserCallWatch:
@@ -811,6 +948,8 @@ def _make_watch_wrappers(planner: Any) -> None:
     @functools.wraps(orig_to_local)
     def to_local(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = orig_to_local(self, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return out  # traced: a compiled region's calls are no user's to watch
         for on_to_local, _ in list(_watches):
             on_to_local(self, out, sys._getframe(1))
         return out
@@ -818,6 +957,8 @@ def _make_watch_wrappers(planner: Any) -> None:
     @functools.wraps(orig_from_local.__func__)
     def from_local(*args: Any, **kwargs: Any) -> Any:
         out = orig_from_local.__func__(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return out
         for _, on_from_local in list(_watches):
             on_from_local(out, sys._getframe(1))
         return out
@@ -933,6 +1074,14 @@ _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
 FSDP_GROUP_FILE = os.path.join(TORCH_DIR, *_FSDP_GROUP.split(".")[1:]) + ".py"
 
 
+# The methods of an FSDP2 parameter group that run for the backward: what they issue is backward
+# communication even where no autograd engine runs them (a pipeline schedule calls post_backward
+# itself after its last microbatch).
+FSDP_BACKWARD_METHODS = frozenset(
+    {"pre_backward", "post_backward", "finalize_backward", "_backward_prefetch"}
+)
+
+
 def fsdp_owner(frame: FrameType) -> Any:
     """The module whose FSDP parameter group runs ``frame`` (a frame of ``FSDP_GROUP_FILE``), or
     None (a function there that is no method of a group)."""
@@ -1025,11 +1174,12 @@ def _following_premul(name: str, original: Any) -> Any:
         op: Any = kwargs.get("op", args[position] if len(args) > position else None)
         if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
             return original(*args, **kwargs)
-        _premul_factors.append(op.factor)
+        factors = _premul_factors()
+        factors.append(op.factor)
         try:
             return original(*args, **kwargs)
         finally:
-            _premul_factors.pop()
+            factors.pop()
 
     return call
 
@@ -1038,16 +1188,32 @@ def _following_premul(name: str, original: Any) -> Any:
 def premul_sum_factors() -> Iterator[None]:
     """While the simulation runs, remember the factor of each PREMUL_SUM collective called through
     ``dist`` (FSDP2 with a gradient divide factor: ``reduce_scatter_single``) for the emulation
-    that reads it (see ``_premul_factors``)."""
+    that reads it (see ``_premul_factors``), and give LocalTensorMode's own reduction the PREMUL_SUM
+    it lacks on torch 2.13 (the simulation runs without a recorder too: ``make bench``'s baseline)."""
     if hasattr(dist.ReduceOp, "unbox"):
         yield
         return
     saved = {name: getattr(dist, name) for name in _REDUCE_OP_ARG if hasattr(dist, name)}
     for name, original in saved.items():
         setattr(dist, name, _following_premul(name, original))
+    c10d_module = importlib.import_module("torch.distributed._local_tensor._c10d")
+    local_reduce = getattr(c10d_module, "_local_reduce")  # noqa: B009 (private: not in the stubs)
+
+    @functools.wraps(local_reduce)
+    def reduce_with_premul(reduce_op: Any, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if reduce_op != dist.ReduceOp.PREMUL_SUM and reduce_op != "premul_sum":
+            return local_reduce(reduce_op, tensors)
+        factor = _plain_factor(_called_factor())
+        out = tensors[0] * factor  # each rank's tensor scaled, summed in rank order (as recorded)
+        for t in tensors[1:]:
+            out = out + t * factor
+        return out
+
+    setattr(c10d_module, "_local_reduce", reduce_with_premul)  # noqa: B010
     try:
         yield
     finally:
+        setattr(c10d_module, "_local_reduce", local_reduce)  # noqa: B010
         for name, original in saved.items():
             setattr(dist, name, original)
 
@@ -1218,7 +1384,6 @@ def flight_recorder_dump(pickled: bool = False) -> bytes:
 
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
-import threading  # noqa: E402
 
 
 class P2PStuck(RuntimeError):
@@ -1343,7 +1508,7 @@ class ThreadedP2P:
             self._await_turn(t)
             self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
-                with LocalTensorMode(self.world_size):
+                with new_local_mode(self.world_size):
                     try:
                         with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
                             self.results[t] = fn(t)

@@ -1,0 +1,182 @@
+"""Every Python block of README.md runs as printed, and the output it shows is what it prints.
+
+How blocks are read, run and compared: ``tests/readme.py``. One test per ``##`` section, each in a
+fresh process with an IPython shell, in a scratch folder (blocks write files such as
+``layout.html``). Blocks marked ``<!-- not run: ... -->`` are listed in ``NOT_RUN`` below, so that
+marking one more is a visible change here too, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from readme import Block, matches, parse, sections
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BLOCKS = parse(README.read_text())
+SECTIONS = sections(BLOCKS)
+
+# (section, first line of the block) -> why it cannot run on a CPU-only machine without a cluster.
+NOT_RUN: dict[tuple[str, str], str] = {
+    ("Real process groups", 'sv.use("nccl", world_size=8)              # 8 engines, one per GPU'): (
+        "needs 8 GPUs (nccl)"
+    ),
+    ("Real process groups", 'sv.use("nccl", world_size=16, profile="slurm", timeout=120)'): (
+        "needs engines started by ipcluster (a Slurm job, another profile)"
+    ),
+    ("Recording a torchrun job", "import shardviz as sv"): (
+        "a training script's lines, for torchrun on GPUs (nccl)"
+    ),
+    (
+        "Flight Recorder dumps",
+        "import shardviz.capture.flight",
+    ): "the dump runs in each rank of a torchrun job",
+}
+
+# Sections whose blocks start real process groups (ipyparallel engines), and those that take long.
+CLUSTER = {"Real process groups"}
+SLOW: set[str] = set()
+
+
+def _first_line(block: Block) -> str:
+    return next((s.strip() for s in block.code.splitlines() if s.strip()), "")
+
+
+def test_blocks_not_run_are_the_listed_ones():
+    marked = {(b.section, _first_line(b)): b.not_run for b in BLOCKS if b.not_run}
+    assert marked == NOT_RUN, (
+        "README blocks marked '<!-- not run: ... -->' differ from NOT_RUN in tests/test_readme.py: "
+        f"marked {marked}, listed {NOT_RUN}. Run the block if it can run here; otherwise list it."
+    )
+
+
+def test_the_readme_has_blocks_to_run():
+    run = [b for b in BLOCKS if not b.not_run]
+    assert len(run) >= 20, [b.name for b in BLOCKS]
+    assert sum(b.expected is not None or len(b.cells) > 1 for b in run) >= 5
+
+
+def _params() -> list[object]:
+    out = []
+    for name in SECTIONS:
+        marks = []
+        if name in CLUSTER:
+            marks.append(pytest.mark.cluster)
+        if name in SLOW or name in CLUSTER:
+            marks.append(pytest.mark.slow)
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+def run_section(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict[str, str | None]]:
+    """Run the blocks' cells in one fresh process; each cell's output and error, in order."""
+    cells = [c.code for b in blocks if not b.not_run for c in b.cells]
+    (cwd / "cells.json").write_text(json.dumps(cells))
+    env = dict(
+        os.environ,
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "readme.py"), "cells.json", "results.json"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    results_file = cwd / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else []
+    assert proc.returncode == 0, (
+        f"the runner failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    )
+    return results
+
+
+@pytest.mark.timeout(600)  # the cluster section starts gloo engines three times (~130 s here)
+@pytest.mark.parametrize("section", _params())
+def test_readme_section(section, tmp_path):
+    blocks = SECTIONS[section]
+    runnable = [b for b in blocks if not b.not_run]
+    if not runnable:
+        assert all((b.section, _first_line(b)) in NOT_RUN for b in blocks)
+        return
+    results = run_section(blocks, tmp_path)
+    i = 0
+    for block in runnable:
+        for cell in block.cells:
+            assert i < len(results), f"{block.name}: never ran (an earlier cell killed the process?)"
+            got = results[i]
+            i += 1
+            assert got["error"] is None, (
+                f"{block.name} raised:\n{got['error']}\nprinted:\n{got['output']}{got.get('stderr', '')}"
+            )
+            if cell.expected is not None:
+                assert matches(cell.expected, got["output"] or ""), (
+                    f"{block.name}: printed output differs from the README.\n--- README:\n{cell.expected}\n"
+                    f"--- printed:\n{got['output']}"
+                )
+
+
+SAMPLE = """# title
+## First
+```python
+print("a")
+```
+
+```
+a
+```
+<!-- not run: needs GPUs -->
+```python
+sv.use("nccl", world_size=8)
+```
+## Second
+```python
+%load_ext shardviz
+```
+```python
+>>> print(1 + 1)
+2
+>>> x = 3
+```
+```bash
+echo not python
+```
+"""
+
+
+def test_the_harness_reads_sections_outputs_markers_and_prompts():
+    blocks = parse(SAMPLE)
+    assert [(b.section, b.line, b.not_run) for b in blocks] == [
+        ("First", 3, None),
+        ("First", 11, "needs GPUs"),
+        ("Second", 15, None),
+        ("Second", 18, None),
+    ]
+    assert blocks[0].expected == "a" and blocks[1].expected is None and blocks[2].expected is None
+    assert [(c.code, c.expected) for c in blocks[3].cells] == [("print(1 + 1)", "2"), ("x = 3", "")]
+    assert list(sections(blocks)) == ["First", "Second"]
+
+
+def test_outputs_match_exactly_but_for_trailing_spaces_and_ellipsis_lines():
+    assert matches("a\nb", "a  \nb\n\n")
+    assert not matches("a\nb", "a\nc")
+    assert not matches("a", "a\nb")
+    assert matches("a\n...\nd", "a\nb\nc\nd")
+    assert matches("a\n  ...\nd", "a\nd")
+    assert not matches("a\n...\nd", "a\nb\nc")
+
+
+@pytest.mark.timeout(120)
+def test_a_block_that_fails_as_printed_is_reported(tmp_path):
+    # The README once used Replicate without importing it.
+    (block,) = parse("## S\n```python\nfrom torch.distributed.tensor import Shard\nReplicate()\n```\n")
+    (result,) = run_section([block], tmp_path)
+    assert result["error"] is not None and "NameError: name 'Replicate' is not defined" in result["error"]
