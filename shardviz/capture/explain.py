@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from types import TracebackType
 
-from ..errors import ShardvizError, explain
+from ..errors import PerRankValueError, ShardvizError, explain
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]]:
@@ -143,7 +143,13 @@ def explain_rank_error(error: BaseException) -> BaseException:
 def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
     """Add an explanation to ``error`` when it matches a known trap; return it either way.
     shardviz's own errors say what to do already, and Ctrl-C is no error."""
-    if isinstance(error, ShardvizError) or not isinstance(error, Exception):
+    if not isinstance(error, Exception):
+        return error
+    if isinstance(error, ShardvizError):
+        # shardviz's own errors say what to do already, except where a framework's code is the one
+        # that needed a per-rank int: its adapter names the framework's way out.
+        if isinstance(error, PerRankValueError):
+            _framework_error(error, _frames(error.__traceback__), lockstep=True)
         return error
     frames = _frames(error.__traceback__)
     msg = str(error.args[0]) if error.args else ""
