@@ -63,13 +63,15 @@ def _views() -> dict[type, _Views]:
     """The one table from a kind of plain data to its views (loaded when something is drawn)."""
     from .views.memory_mpl import plot_memory
     from .views.memory_svg import MemoryView
+    from .views.model_mpl import plot_model_map
     from .views.model_view import ModelWidget
-    from .views.mpl import plot_event, plot_layout, plot_model_map, plot_trace
+    from .views.mpl import plot_layout
     from .views.numerics_mpl import plot_numerics
     from .views.numerics_view import NumericsWidget
     from .views.pipeline_mpl import plot_timeline
     from .views.pipeline_svg import TimelineView
     from .views.player import PlayerWidget, event_trace
+    from .views.trace_mpl import plot_event, plot_trace
 
     def play_event(e: Event, **options: Any) -> PlayerWidget:
         return PlayerWidget(event_trace(e), **options)

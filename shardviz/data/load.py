@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import TraceFileError
-from . import flight
+from . import flight, flight_dump
 from .limits import Limits, over, read_head, resolve, short
 from .merge import merge_partial
 from .trace import Trace
@@ -203,7 +203,7 @@ def load_path(
     if p.is_dir():
         if rank_files(p):
             return load_job(p, progress=progress, limits=lim, tensor=tensor)
-        if flight.dump_candidates(p):
+        if flight_dump.dump_candidates(p):
             return flight.load(
                 p, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
             )
@@ -217,7 +217,7 @@ def load_path(
     head = read_head(p, 4)
     if head[:2] == b"PK":
         return load_trace(p, limits=lim, tensor=tensor)
-    if flight.looks_like_dump(head):
+    if flight_dump.looks_like_dump(head):
         return flight.load(
             [p], allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=lim
         )

@@ -183,7 +183,7 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
         return str(self._map)
 
     def figure(self) -> Any:
-        from .mpl import plot_model_map
+        from .model_mpl import plot_model_map
 
         return plot_model_map(self._map, title=self.title or None)
 

@@ -241,7 +241,7 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
 
     def figure(self) -> Any:
         """The current step as a matplotlib Figure (before → after with arrows)."""
-        from .mpl import plot_event, plot_message
+        from .trace_mpl import plot_event, plot_message
 
         e = self.event
         if e is None:

@@ -35,7 +35,7 @@ PLAIN_DATA = (
     "shardviz/geometry/chunks.py",
     "shardviz/geometry/layout.py",
     "shardviz/geometry/mesh.py",
-    "shardviz/data/numerics.py",
+    "shardviz/data/numerics/__init__.py",
     "shardviz/geometry/placement.py",
 )
 NOT_FOR_PLAIN_DATA = (

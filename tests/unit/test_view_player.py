@@ -494,7 +494,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import shardviz as sv
-from shardviz.views.mpl import plot_event
+from shardviz.views.trace_mpl import plot_event
 
 sv.use("local", world_size=2)
 with sv.record() as t:
