@@ -63,7 +63,14 @@ def rank_list(ranks: Iterable[int]) -> str:
 
 
 def group(g: Sequence[int]) -> str:
-    return "[" + ",".join(str(r) for r in g) + "]"
+    """``[0,1,2,3]``; past 16 ranks as ranges (``[0-511]``), and past 8 ranges the first 4 and a
+    count, so that a group of a million ranks is one short line."""
+    if len(g) <= 16:
+        return "[" + ",".join(str(r) for r in g) + "]"
+    pieces = rank_list(g).split(", ")
+    if len(pieces) > 8:
+        pieces = [*pieces[:4], f"... {len(g)} ranks"]
+    return "[" + ",".join(pieces) + "]"
 
 
 def groups(e: CollectiveEvent) -> str:
