@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from .events import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent, TensorSnapshot
@@ -96,7 +96,14 @@ def rank_list(ranks: Iterable[int]) -> str:
 
 
 def group(g: Sequence[int]) -> str:
-    return "[" + ",".join(str(r) for r in g) + "]"
+    """``[0,1,2,3]``; past 16 ranks as ranges (``[0-511]``), and past 8 ranges the first 4 and a
+    count, so that a group of a million ranks is one short line."""
+    if len(g) <= 16:
+        return "[" + ",".join(str(r) for r in g) + "]"
+    pieces = rank_list(g).split(", ")
+    if len(pieces) > 8:
+        pieces = [*pieces[:4], f"... {len(g)} ranks"]
+    return "[" + ",".join(pieces) + "]"
 
 
 def groups(e: CollectiveEvent) -> str:
@@ -128,15 +135,29 @@ def mesh_dim(e: CollectiveEvent) -> str:
     return f"dim {e.mesh_dim}" if e.mesh_dim is not None else ""
 
 
+def per_rank_dims(snaps: dict[int, Any]) -> str:
+    """Every rank's shape when they agree: ``(2,4)``; when they differ (uneven shards), each
+    shape with its ranks: ``{0-1:(3), 2-3:(2)}``, so that no rank's shape stands for all."""
+    if not snaps:
+        return "-"
+    by_shape: dict[str, list[int]] = {}
+    for rank in sorted(snaps):
+        by_shape.setdefault(snapshot_dims(snaps[rank]), []).append(rank)
+    if len(by_shape) == 1:
+        return next(iter(by_shape))
+    parts = [f"{rank_list(ranks).replace(', ', ',')}:{shape}" for shape, ranks in by_shape.items()]
+    if len(parts) > 4:
+        parts = [*parts[:3], f"... {len(parts)} shapes"]
+    return "{" + ", ".join(parts) + "}"
+
+
 def io_shapes(e: Event, arrow: str = "->") -> str:
-    """The first rank's input and output shapes: ``(2,4)->(8,4)``; ``""`` with neither."""
+    """The ranks' input and output shapes: ``(2,4)->(8,4)``; ``""`` with neither."""
     inputs = getattr(e, "inputs", {})
     outputs = getattr(e, "outputs", {})
-    first_in = next(iter(inputs.values()), None)
-    first_out = next(iter(outputs.values()), None)
-    if first_in is None and first_out is None:
+    if not inputs and not outputs:
         return ""
-    return f"{snapshot_dims(first_in)}{arrow}{snapshot_dims(first_out)}"
+    return f"{per_rank_dims(inputs)}{arrow}{per_rank_dims(outputs)}"
 
 
 def dtype(e: CollectiveEvent) -> str:
