@@ -7,6 +7,7 @@ import contextlib
 import functools
 import importlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from ...errors import BackendError
 from .frames import TORCH_DIR
 from .gate import LocalTensor
 from .modes import active_local_mode
@@ -28,6 +30,7 @@ from .per_rank import symint_at_rank
 #    shard is rewritten with the chunk at its own coordinate on the shard mesh dim.
 _FSDP_PARAM = "torch.distributed.fsdp._fully_shard._fsdp_param"
 _FSDP_GROUP = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_FSDP_STATE = "torch.distributed.fsdp._fully_shard._fsdp_state"
 
 
 # The source file of FSDP2's parameter groups: a frame of it on the stack means FSDP itself issues
@@ -103,26 +106,99 @@ def _per_rank_shards(original: Any) -> Any:
     return init_sharded_param
 
 
+def _refused_outside(original: Any) -> Any:
+    """``original`` for plain tensors; for a simulated rank's storage outside the simulation, an
+    explained error instead of a resize torch cannot do (which left the all-gather writing into
+    freed memory: a segmentation fault)."""
+
+    @functools.wraps(original)
+    def resize(tensor: torch.Tensor) -> None:
+        if isinstance(tensor, LocalTensor):
+            raise BackendError(_OUTSIDE)
+        original(tensor)
+
+    resize.__shardviz_original__ = original  # type: ignore[attr-defined]
+    return resize
+
+
+_OUTSIDE = (
+    "shardviz: this FSDP2 module was sharded inside the simulation (sv.record, a %%spmd cell or "
+    "sv.run), so its parameters hold every simulated rank's shard, and it is running outside it, "
+    "where nothing gathers them rank by rank. Run it inside the simulation: `with sv.record(): out "
+    "= model(x)`, a %%spmd cell, or sv.run(fn)."
+)
+
+
+def _refused_pre_forward(original: Any) -> Any:
+    """FSDP2's forward pre-hook, refusing a module whose shards are simulated ranks' when no
+    simulation runs, before FSDP changes any of its state (a later call inside the simulation
+    then computes as if the refused call never happened). FSDP binds the hook when ``fully_shard``
+    runs, so modules sharded inside the simulation keep this check."""
+
+    @functools.wraps(original)
+    def pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _depth == 0 and any(
+            isinstance(getattr(p, "_sharded_param_data", None), LocalTensor)
+            for group in getattr(self, "_fsdp_param_groups", ())
+            for p in getattr(group, "fsdp_params", ())
+        ):
+            raise BackendError(_OUTSIDE)
+        return original(self, *args, **kwargs)
+
+    # torch's own hook is never traced by Dynamo (compiled blocks under FSDP2); nor is this check.
+    return torch.compiler.disable(pre_forward)
+
+
+def _original(f: Any) -> Any:
+    return getattr(f, "__shardviz_original__", f)
+
+
+# How many simulations run FSDP2 per rank now: runner threads and nested recordings enter too. The
+# per-rank functions are installed by the first to enter and taken out by the last to leave.
+_depth = 0
+_depth_lock = threading.Lock()
+# torch's own functions while the per-rank ones stand in for them.
+_torch_own: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
 def fsdp_in_simulation() -> Iterator[None]:
-    """FSDP2 made to run per simulated rank while the simulation runs (see above); torch's own
-    functions are back in place outside it, so real process groups never see the change."""
+    """FSDP2 made to run per simulated rank while the simulation runs (see above). Outside it,
+    torch's own functions run for plain tensors, so real process groups never see the change; a
+    simulated rank's storage or module is refused with an explanation."""
+    global _depth
     # Checked here rather than at import: a torch that moved FSDP2's internals loses FSDP2 in the
     # simulation (its error is then explained), not shardviz.
     try:
         # Any: their module globals are patched below, which ModuleType's stubs do not allow.
         fp: Any = importlib.import_module(_FSDP_PARAM)
         fpg: Any = importlib.import_module(_FSDP_GROUP)
-        init = fp.FSDPParam.__dict__["_init_sharded_param"]
-        saved = (fp.alloc_storage, fp.free_storage, fpg.alloc_storage, init)
+        state: Any = importlib.import_module(_FSDP_STATE).FSDPState
+        own = {
+            "alloc": _original(fp.alloc_storage),
+            "free": _original(fp.free_storage),
+            "init": fp.FSDPParam.__dict__["_init_sharded_param"],
+            "pre_forward": state.__dict__["_pre_forward"],
+        }
+        fpg.alloc_storage  # noqa: B018 (an AttributeError when a torch moved it)
     except (ImportError, AttributeError, KeyError):
         yield
         return
-    fp.alloc_storage = fpg.alloc_storage = _per_rank_storage(saved[0])
-    fp.free_storage = _per_rank_storage(saved[1])
-    fp.FSDPParam._init_sharded_param = _per_rank_shards(saved[3])
+    with _depth_lock:
+        if _depth == 0:
+            _torch_own.update(own)
+            fp.alloc_storage = fpg.alloc_storage = _per_rank_storage(own["alloc"])
+            fp.free_storage = _per_rank_storage(own["free"])
+            fp.FSDPParam._init_sharded_param = _per_rank_shards(own["init"])
+            state._pre_forward = _refused_pre_forward(own["pre_forward"])
+        _depth += 1
     try:
         yield
     finally:
-        fp.alloc_storage, fp.free_storage, fpg.alloc_storage = saved[:3]
-        fp.FSDPParam._init_sharded_param = saved[3]
+        with _depth_lock:
+            _depth -= 1
+            if _depth == 0:
+                fp.alloc_storage = fpg.alloc_storage = _refused_outside(_torch_own["alloc"])
+                fp.free_storage = _refused_outside(_torch_own["free"])
+                fp.FSDPParam._init_sharded_param = _torch_own["init"]
+                state._pre_forward = _torch_own["pre_forward"]
