@@ -2,9 +2,10 @@
 
 Types, ranges, ranks within the world size, distinct ranks in a group, parents that come before
 their children, nesting depth; the arrays through ``trace_file.Arrays``, checked before they are
-allocated. A bad file is a ``TraceFileError`` naming the file, the field and what was expected; no
-pickle, no code runs. No torch either: a saved tensor result comes back through the ``tensor``
-function the caller passes (``sv.load`` passes one that makes a torch tensor).
+allocated; layouts and their shards through ``layout_read``. A bad file is a ``TraceFileError``
+naming the file, the field and what was expected; no pickle, no code runs. No torch either: a saved
+tensor result comes back through the ``tensor`` function the caller passes (``sv.load`` passes one
+that makes a torch tensor).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import TraceFileError
-from ..geometry.layout import Layout, ShardInfo
+from ..geometry.layout import Layout
 from .events import EVENT_TYPES, Event, PerRank, Source, TensorSnapshot
+from .layout_read import checked, decode_layout, fields, rank_list, shape_at, str_tuple
 from .limits import (
     MAX_DEPTH,
     MAX_DIMS,
@@ -192,7 +194,7 @@ def _decode_meshes(v: Any, max_rank: int) -> list[dict[str, Any]]:
     for i, m in enumerate(out):
         try:
             mapping(m)
-            mesh = _checked("mesh_shape", m, shape)
+            mesh = checked("mesh_shape", m, shape)
             if not mesh or 0 in mesh:
                 raise Bad("a mesh shape (a non-empty list of sizes >= 1)", m["mesh_shape"], "mesh_shape")
             names = m.get("mesh_dim_names")
@@ -200,35 +202,12 @@ def _decode_meshes(v: Any, max_rank: int) -> list[dict[str, Any]]:
                 type(names) is not list or len(names) != len(mesh) or any(type(n) is not str for n in names)
             ):
                 raise Bad(f"null or {len(mesh)} mesh dim names (strings)", names, "mesh_dim_names")
-            ranks = _checked("ranks", m, _rank_list, max_rank)
+            ranks = checked("ranks", m, rank_list, max_rank)
             if len(ranks) != math.prod(mesh):
                 raise Bad(f"{math.prod(mesh)} ranks (one per mesh position)", m["ranks"], "ranks")
         except Bad as e:
             raise e.at(i) from None
     return list(out)
-
-
-def _checked(name: str, d: dict[str, Any], decode: Any, *args: Any) -> Any:
-    """``decode(d[name])``, its errors naming the field."""
-    if name not in d:
-        raise Bad("a value (the field is missing)", None, name)
-    try:
-        return decode(d[name], *args)
-    except Bad as e:
-        raise e.at(name) from None
-
-
-def _rank_list(v: Any, world_size: int) -> tuple[int, ...]:
-    """Distinct ranks of this world."""
-    if type(v) is not list:
-        raise Bad(f"a list of ranks in 0..{world_size - 1}", v)
-    for r in v:
-        if type(r) is not int or not 0 <= r < world_size:
-            raise Bad(f"a list of ranks in 0..{world_size - 1}", v)
-    t = tuple(v)
-    if len(set(t)) != len(t):
-        raise Bad("a list of distinct ranks", v)
-    return t
 
 
 def _decode_events(v: Any, arrays: Arrays, world_size: int) -> list[Event]:
@@ -248,19 +227,13 @@ def _source(v: Any) -> Source | None:
     if v is None:
         return None
     d = mapping(v)
-    return Source(_checked("file", d, string), _checked("line", d, integer, 0), _checked("text", d, string))
-
-
-def _str_tuple(v: Any) -> tuple[str, ...]:
-    if type(v) is not list or any(type(x) is not str for x in v):
-        raise Bad("a list of strings", v)
-    return tuple(v)
+    return Source(checked("file", d, string), checked("line", d, integer, 0), checked("text", d, string))
 
 
 def _placements_list(v: Any) -> tuple[tuple[str, ...], ...]:
     if type(v) is not list:
         raise Bad("a list of placement lists", v)
-    return tuple(_str_tuple(x) for x in v)
+    return tuple(str_tuple(x) for x in v)
 
 
 def _groups(v: Any, world_size: int) -> tuple[tuple[int, ...], ...]:
@@ -271,7 +244,7 @@ def _groups(v: Any, world_size: int) -> tuple[tuple[int, ...], ...]:
     out = []
     for i, g in enumerate(v):
         try:
-            out.append(_rank_list(g, world_size))
+            out.append(rank_list(g, world_size))
         except Bad as e:
             raise e.at(i) from None
     return tuple(out)
@@ -298,7 +271,7 @@ def _decode_event(d: Any, ctx: _Ctx) -> Event:
     decoders = _FIELDS.get(kind) if type(kind) is str else None
     if decoders is None:
         raise Bad(f"an event kind ({', '.join(EVENT_TYPES)})", kind, "kind")
-    eid = _checked("id", d, integer, 0)
+    eid = checked("id", d, integer, 0)
     if eid in ctx.seen:
         raise Bad("an id no earlier event has", eid, "id")
     kwargs: dict[str, Any] = {"id": eid}
@@ -336,15 +309,15 @@ def _layout_or_none(v: Any, ctx: _Ctx) -> Layout | None:
     try:
         key = json.dumps(v, separators=(",", ":"))
     except (ValueError, RecursionError):
-        return _decode_layout(v)
+        return decode_layout(v)
     layout = ctx.layouts.get(key)
     if layout is None:
-        layout = ctx.layouts[key] = _decode_layout(v)
+        layout = ctx.layouts[key] = decode_layout(v)
     return layout
 
 
 def _ranks_of_world(v: Any, ctx: _Ctx) -> tuple[int, ...]:
-    return _rank_list(v, ctx.world_size)
+    return rank_list(v, ctx.world_size)
 
 
 def _groups_of_world(v: Any, ctx: _Ctx) -> tuple[tuple[int, ...], ...]:
@@ -388,8 +361,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
     },
     "redistribute": {
         **_COMMON,
-        "src": _plain(_str_tuple),
-        "dst": _plain(_str_tuple),
+        "src": _plain(str_tuple),
+        "dst": _plain(str_tuple),
         "plan": _plain(string),
         "explicit": _plain(boolean),
         "before": _layout_or_none,
@@ -413,8 +386,8 @@ _FIELDS: dict[str, dict[str, Any]] = {
 
 
 def _decode_snapshot(d: Any, arrays: Arrays, what: str) -> TensorSnapshot:
-    shp, dtype = _fields(d, "shape", "dtype")
-    shp = _shape_at(shp, "shape")
+    shp, dtype = fields(d, "shape", "dtype")
+    shp = shape_at(shp, "shape")
     if type(dtype) is not str or not 0 < len(dtype) <= 64:
         raise Bad("a dtype name (a string)", dtype, "dtype")
     key = d.get("values")
@@ -458,159 +431,13 @@ def _decode_nbytes(v: Any, world_size: int) -> dict[int, int]:
     return out
 
 
-def _decode_layout(v: Any) -> Layout:
-    """A Layout from its dict, checked so that views can draw it: placements that parse, one per
-    mesh dim; shards with coordinates on the mesh and indices within the global shape."""
-    from ..geometry.placement import parse
-
-    d = mapping(v)
-    gshape = _checked("global_shape", d, shape)
-    mesh = _checked("mesh_shape", d, shape)
-    if not mesh or 0 in mesh:
-        raise Bad("a mesh shape (a non-empty list of sizes >= 1)", d.get("mesh_shape"), "mesh_shape")
-    placements = _checked("placements", d, _str_tuple)
-    if len(placements) != len(mesh):
-        raise Bad(f"{len(mesh)} placements (one per mesh dim)", list(placements), "placements")
-    for i, p in enumerate(placements):
-        try:
-            parse(p)
-        except (TypeError, ValueError):
-            raise Bad('a placement ("S(d)", "R", "P(op)", "_S(d,sf=k)")', p, i).at("placements") from None
-    names = d.get("mesh_dim_names")
-    if names is not None:
-        names = _checked("mesh_dim_names", d, _str_tuple)
-        if len(names) != len(mesh):
-            raise Bad(f"null or {len(mesh)} mesh dim names", list(names), "mesh_dim_names")
-    shards = []
-    ranks: set[int] = set()
-    for i, s in enumerate(array(_checked("shards", d, lambda x: x))):
-        try:
-            shards.append(_decode_shard(s, gshape, mesh))
-        except Bad as e:
-            raise e.at(i).at("shards") from None
-        ranks.add(shards[-1].rank)
-    if len(ranks) != len(shards):
-        raise Bad("shards of distinct ranks", "...", "shards")
-    groups: tuple[tuple[int, ...], ...] = ()
-    if d.get("groups"):
-        groups = tuple(tuple(g) for g in _checked("groups", d, _layout_groups, math.prod(mesh)))
-    per = math.prod(mesh)
-    if len(shards) != per * max(1, len(groups)):
-        raise Bad(
-            f"{per * max(1, len(groups))} shards (one per mesh position and group)", len(shards), "shards"
-        )
-    mesh_ranks = d.get("mesh_ranks")
-    if mesh_ranks:
-        mesh_ranks = _checked("mesh_ranks", d, _layout_group, per)
-    return Layout(
-        global_shape=gshape,
-        dtype=_checked("dtype", d, string),
-        mesh_shape=mesh,
-        mesh_dim_names=names,
-        placements=placements,
-        shards=tuple(shards),
-        mesh_ranks=tuple(mesh_ranks) if mesh_ranks else tuple(s.rank for s in shards),
-        groups=groups,
-    )
-
-
-def _layout_group(v: Any, size: int) -> tuple[int, ...]:
-    if type(v) is not list or len(v) != size:
-        raise Bad(f"{size} ranks", v)
-    return _rank_list(v, 2**62)
-
-
-def _layout_groups(v: Any, size: int) -> list[tuple[int, ...]]:
-    return [_layout_group(g, size) for g in array(v)]
-
-
-def _fields(d: Any, *names: str) -> list[Any]:
-    """The named fields of an object (the hot path of decoding: no call per field)."""
-    if type(d) is not dict:
-        raise Bad("an object", d)
-    try:
-        return [d[n] for n in names]
-    except KeyError as e:
-        raise Bad("a value (the field is missing)", None, e.args[0]) from None
-
-
-def _shape_at(v: Any, name: str) -> tuple[int, ...]:
-    try:
-        return shape(v)
-    except Bad as e:
-        raise e.at(name) from None
-
-
-def _decode_shard(v: Any, gshape: tuple[int, ...], mesh: tuple[int, ...]) -> ShardInfo:
-    rank, coord, offset, local, runs, partial = _fields(
-        v, "rank", "coord", "offset", "shape", "indices", "partial"
-    )
-    group = v.get("group", 0)
-    if type(rank) is not int or not 0 <= rank < 2**62:
-        raise Bad("a rank (an integer >= 0)", rank, "rank")
-    if type(partial) is not bool:
-        raise Bad("true or false", partial, "partial")
-    if type(group) is not int or group < 0:
-        raise Bad("an integer >= 0", group, "group")
-    coord = _shape_at(coord, "coord")
-    if len(coord) != len(mesh) or any(c >= m for c, m in zip(coord, mesh, strict=True)):
-        raise Bad(f"a coordinate on mesh {list(mesh)}", list(coord), "coord")
-    offset = _shape_at(offset, "offset")
-    local = _shape_at(local, "shape")
-    n = len(gshape)
-    if len(offset) != n or len(local) != n:
-        raise Bad(f"{n} sizes (one per tensor dim)", list(local), "shape")
-    if type(runs) is not list or len(runs) != n:
-        raise Bad(f"{n} index lists (one per tensor dim)", runs, "indices")
-    indices = []
-    for dim in range(n):
-        rs, size = runs[dim], gshape[dim]
-        if type(rs) is not list:
-            raise Bad("a list of [start, stop, step] ranges", rs, dim).at("indices")
-        out = []
-        count = 0
-        for r in rs:
-            if type(r) is not list or len(r) != 3:
-                raise Bad("[start, stop, step]", r, dim).at("indices")
-            start, stop, step = r
-            if (
-                type(start) is not int
-                or type(stop) is not int
-                or type(step) is not int
-                or not 0 <= start <= stop <= size
-                or step < 1
-            ):
-                raise Bad(f"[start, stop, step] with 0 <= start <= stop <= {size}, step >= 1", r, dim).at(
-                    "indices"
-                )
-            run = range(start, stop, step)
-            count += len(run)
-            out.append(run)
-        if count != local[dim] or offset[dim] > size:
-            raise Bad(
-                f"indices as many as the shard's size {local[dim]} along dim {dim}, an offset within {size}",
-                rs,
-                dim,
-            ).at("indices")
-        indices.append(tuple(out))
-    return ShardInfo(
-        rank=rank,
-        coord=coord,
-        offset=offset,
-        shape=local,
-        indices=tuple(indices),
-        partial=partial,
-        group=group,
-    )
-
-
 def _decode_memory(v: Any, arrays: Arrays, world_size: int, event_ids: set[int]) -> MemoryTimeline | None:
     if v is None:
         return None
     from .memory import MemoryTimeline
 
     d = mapping(v)
-    n = _checked("world_size", d, integer, 1, world_size + 1)
+    n = checked("world_size", d, integer, 1, world_size + 1)
 
     def event_list(x: Any) -> tuple[int | None, ...]:
         if type(x) is not list or any(
@@ -619,8 +446,8 @@ def _decode_memory(v: Any, arrays: Arrays, world_size: int, event_ids: set[int])
             raise Bad("a list of event ids of this trace (or null)", x)
         return tuple(x)
 
-    events = _checked("events", d, event_list)
-    peak_event = _checked("peak_event", d, event_list)
+    events = checked("events", d, event_list)
+    peak_event = checked("peak_event", d, event_list)
     if len(peak_event) != n:
         raise Bad(f"{n} entries (one per rank)", len(peak_event), "peak_event")
 
@@ -629,7 +456,7 @@ def _decode_memory(v: Any, arrays: Arrays, world_size: int, event_ids: set[int])
             raise Bad(f"a list of {count} integers >= 0", x)
         return np.asarray(x, dtype=np.int64).reshape(count)
 
-    peak = _checked("peak", d, ints, n)
+    peak = checked("peak", d, ints, n)
     raw = d.get("bytes")
     if type(raw) is str:
         try:
@@ -647,11 +474,11 @@ def _decode_memory(v: Any, arrays: Arrays, world_size: int, event_ids: set[int])
                 raise e.at(i).at("bytes") from None
         nbytes = np.stack(rows) if rows else np.zeros((0, n), np.int64)
     labels: dict[int, str] = {}
-    for k, s in (_checked("labels", d, mapping) if "labels" in d else {}).items():
+    for k, s in (checked("labels", d, mapping) if "labels" in d else {}).items():
         if not k.isdigit() or len(k) > 12 or type(s) is not str:
             raise Bad("an event id and its label (a string)", s, k).at("labels")
         labels[int(k)] = s
-    counted = _checked("counted", d, string) if "counted" in d else ""
+    counted = checked("counted", d, string) if "counted" in d else ""
     return MemoryTimeline(
         world_size=n,
         events=events,
@@ -692,7 +519,7 @@ def _decode_result(v: Any, arrays: Arrays, depth: int, tensor: TensorFromValues 
     if len(d) == 1 and ("tuple" in d or "list" in d):
         kind = "tuple" if "tuple" in d else "list"
         items = []
-        for i, x in enumerate(_checked(kind, d, array)):
+        for i, x in enumerate(checked(kind, d, array)):
             try:
                 items.append(_decode_result(x, arrays, depth - 1, tensor))
             except Bad as e:
@@ -700,7 +527,7 @@ def _decode_result(v: Any, arrays: Arrays, depth: int, tensor: TensorFromValues 
         return tuple(items) if kind == "tuple" else items
     if len(d) == 1 and "dict" in d:
         out = {}
-        for k, x in _checked("dict", d, mapping).items():
+        for k, x in checked("dict", d, mapping).items():
             try:
                 out[k] = _decode_result(x, arrays, depth - 1, tensor)
             except Bad as e:
@@ -708,7 +535,7 @@ def _decode_result(v: Any, arrays: Arrays, depth: int, tensor: TensorFromValues 
         return out
     if len(d) != 2 or "tensor" not in d or "dtype" not in d:
         raise Bad(_RESULT, d)
-    name = _checked("dtype", d, string)
+    name = checked("dtype", d, string)
     if not name.isidentifier():
         raise Bad("a torch dtype name", name, "dtype")
     try:
