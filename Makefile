@@ -63,9 +63,10 @@ demo: $(DEMO_STAMP)
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The unit tests alone (~1 minute): no browser, no cluster, no notebooks.
+# The unit tests alone (~1 minute): no browser, no cluster, no notebooks, nothing marked slow
+# (building the wheel); `make test` runs those too.
 test-unit: setup
-	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
 
 # The unit tests, torchtitan's, PhysicsNeMo's and the notebooks again, on the newest torch
 # (TORCH_NEWEST) in $(COMPAT_VENV).

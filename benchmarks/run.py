@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 import shardviz as sv
-from shardviz.layout import _cached as _layout_memo
+from shardviz.backends import choose
+from shardviz.geometry.layout import _cached as _layout_memo
 
 HERE = Path(__file__).resolve().parent
 Row = tuple[str, str, str, str]
@@ -92,8 +93,9 @@ def bench_geometry() -> list[Row]:
     """sv.layout (exact per-rank indices) vs torch's own per-rank shape/offset computation."""
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-    from shardviz import _torch, mesh
-    from shardviz.placement import parse
+    from shardviz.capture import torch as _torch
+    from shardviz.geometry import mesh
+    from shardviz.geometry.placement import parse
 
     rows = []
     shape = (8192, 28672)
@@ -225,7 +227,7 @@ def _tp_mlp(world: int = 8) -> tuple[torch.nn.Module, torch.Tensor]:
 
 @contextlib.contextmanager
 def _with_mode(mode_cls: type) -> Iterator[None]:
-    backend = sv.backends.current()
+    backend = choose.current()
     with backend.simulate(), mode_cls():  # type: ignore[attr-defined]
         yield
 
@@ -238,7 +240,7 @@ def bench_recording() -> list[Row]:
     torch.set_num_threads(1)
     progress("recording overhead: TP MLP on 8 ranks")
     model, x = _tp_mlp(8)
-    backend = sv.backends.current()
+    backend = choose.current()
     cases = {
         "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
         'sv.record(values="none")': lambda: sv.record(values="none"),
@@ -282,7 +284,7 @@ def bench_scale(
         sv.use("local", world_size=n)
         with sv.record(values="none"):
             mesh = init_device_mesh("cpu", shape)
-        backend = sv.backends.current()
+        backend = choose.current()
         cases = {
             "bare": backend.simulate,  # type: ignore[attr-defined]
             "none": lambda: sv.record(values="none"),
@@ -318,7 +320,7 @@ def bench_collectives() -> list[Row]:
     from doing them differently rather than from recording."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardviz.recorder import c10d
+    from shardviz.capture.recorder import c10d
 
     functional = torch.ops._c10d_functional
 
@@ -329,7 +331,7 @@ def bench_collectives() -> list[Row]:
         sv.use("local", world_size=n)
         with sv.record(values="none"):
             mesh = init_device_mesh("cpu", (n,))
-        backend = sv.backends.current()
+        backend = choose.current()
         name = mesh.get_group(0).group_name
         groups = (tuple(range(n)),)
         with backend.simulate():  # type: ignore[attr-defined]
@@ -539,7 +541,7 @@ def bench_llama() -> list[Row]:
         opt.zero_grad()
         return loss
 
-    backend = sv.backends.current()
+    backend = choose.current()
     cases = {
         "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
         'sv.record(values="none")': lambda: sv.record(values="none"),
@@ -627,7 +629,7 @@ def bench_titan() -> list[Row]:
         opt.zero_grad()
         return loss
 
-    backend = sv.backends.current()
+    backend = choose.current()
     cases = {
         "bare LocalTensorMode": backend.simulate,  # type: ignore[attr-defined]
         'sv.record(values="none")': lambda: sv.record(values="none"),
@@ -680,7 +682,7 @@ def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tupl
     (threads ms, lockstep ms, paired ratio). Both must give the same value."""
     import types
 
-    from shardviz import backends
+    from shardviz.backends import session
     from shardviz.backends.local import LocalBackend
     from shardviz.backends.threads import ThreadsBackend
 
@@ -688,7 +690,7 @@ def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tupl
     shells = {k: types.SimpleNamespace(user_ns={}) for k in sims}
     got = {}
     for k, b in sims.items():
-        with backends.swapped(b):
+        with session.swapped(b):
             b.run_cell(setup.replace("WORLD", str(world)), shells[k])
             got[k] = b.run_cell(step, shells[k])
     assert got["lockstep"] == got["threads"], got  # the same step, the same value
@@ -697,7 +699,7 @@ def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tupl
     @contextlib.contextmanager
     def on(k: str) -> Iterator[None]:
         now[:] = [k]
-        with backends.swapped(sims[k]):
+        with session.swapped(sims[k]):
             yield
 
     def body() -> object:

@@ -7,29 +7,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _torch, adapters
-from .backends import device_type, restart
-from .backends import show as _backend_show
-from .backends import use as _use
+from ._version import __version__
+from .backends import session as _session
+from .backends.choose import device_type, restart
+from .backends.choose import show as _backend_show
+from .backends.choose import use as _use
+from .capture import adapters
+from .capture import torch as _torch
+from .capture.model_map import model_map as _model_map
+from .capture.recorder.snapshot import from_values as _from_values
 from .compare import compare
+from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot
+from .data.limits import resolve as _resolve
+from .data.load import load_path as _load_path
+from .data.memory import MemoryTimeline
+from .data.model import ModelMap
+from .data.numerics import NumericsReport, StepNumerics, Tolerance
+from .data.pipeline import Timeline
+from .data.pipeline import timeline as pipeline_timeline
+from .data.plan import plan
+from .data.trace import Trace
 from .diff import diff, numerics
-from .job import record_job
-from .layout import Layout, ShardInfo
-from .layout import check_arguments as _check_layout_arguments
-from .layout import compute as _compute_layout
-from .memory import MemoryTimeline
-from .model import ModelMap, model_map
-from .numerics import NumericsReport, StepNumerics, Tolerance
-from .pipeline import Timeline
-from .pipeline import timeline as pipeline_timeline
-from .placement import Placement
-from .plan import plan
-from .record import last_trace, per_rank, record, run
+from .geometry.layout import Layout, ShardInfo
+from .geometry.layout import check_arguments as _check_layout_arguments
+from .geometry.layout import compute as _compute_layout
+from .geometry.placement import Placement
+from .record import last_trace, per_rank, record, record_job, run
 from .show import export_html, play, plot
 from .show import show as _view
-from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
-
-__version__ = "0.1.0"
 
 adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
 
@@ -100,17 +105,19 @@ def load(
     ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
-    from .job import load_path
-    from .limits import resolve
-
-    limits = resolve(
+    limits = _resolve(
         max_member_bytes=max_member_bytes,
         max_file_bytes=max_file_bytes,
         max_json_bytes=max_json_bytes,
         max_world_size=max_world_size,
     )
-    return load_path(
-        path, allow_pickle=allow_pickle, progress=progress, source_root=source_root, limits=limits
+    return _load_path(
+        path,
+        allow_pickle=allow_pickle,
+        progress=progress,
+        source_root=source_root,
+        limits=limits,
+        tensor=_from_values,  # a saved tensor result comes back a torch tensor
     )
 
 
@@ -185,6 +192,35 @@ def layout(
         # under the cached geometry (a screenful of frames in a notebook).
         raise e.with_traceback(None) from None
     return _compute_layout(obj, mesh_shape, placements, mesh_dim_names, **kwargs)
+
+
+def model_map(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    world_size: int | None = None,
+    grads: bool = True,
+    buffers: bool = True,
+    name: str | None = None,
+) -> ModelMap:
+    """The model map of an ``nn.Module`` (DTensor or plain parameters, any device, meta too), or of
+    a mapping ``{name: Layout}`` (pure geometry, e.g. from ``sv.layout(shape, mesh, placements)``).
+
+    ``optimizer``: its state per parameter (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``) is
+    counted as rows of kind ``"optimizer"``; a wrapper of several optimizers (``.optimizers``, as
+    torchtitan's OptimizersContainer) or a list of them counts each one's. ``grads``: count each
+    parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
+    over (default: the current backend's, or the largest rank any DTensor names, plus one).
+    """
+    return _model_map(
+        model,
+        optimizer,
+        world_size=world_size,
+        grads=grads,
+        buffers=buffers,
+        name=name,
+        backend_world=_session.world_size(),
+    )
 
 
 def load_ipython_extension(ipython: Any) -> None:

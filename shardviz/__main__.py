@@ -17,7 +17,8 @@ import warnings
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shardviz.limits import DEFAULTS, ENV, FLAGS, KEYWORDS, WHAT, Limits, fmt_size
+    from shardviz.data.describe import bytes_text
+    from shardviz.data.limits import DEFAULTS, ENV, FLAGS, KEYWORDS, WHAT, Limits
 
     parser = argparse.ArgumentParser(prog="python -m shardviz", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for f in dataclasses.fields(Limits):
             default = getattr(DEFAULTS, f.name)
-            shown = fmt_size(default) if f.name.endswith("bytes") else str(default)
+            shown = bytes_text(default) if f.name.endswith("bytes") else str(default)
             p.add_argument(
                 FLAGS[f.name],
                 dest=KEYWORDS[f.name],

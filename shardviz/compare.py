@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from . import backends
+from .backends import session
 from .backends.base import Backend
+from .backends.choose import current
+from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot
+from .data.trace import Trace
 from .errors import BackendError, explain
-from .trace import CollectiveEvent, Event, OpEvent, RedistributeEvent, TensorSnapshot, Trace
 
 RTOL = 1e-5
 ATOL = 1e-6
@@ -106,7 +108,7 @@ def compare(
 def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comparison:
     """``%%spmd --compare``: the cell in the simulator (in a scratch copy of the notebook's names,
     its prints discarded) and on the real ranks (where its names stay, as for any cell)."""
-    from .cells import compile_cell, run_compiled
+    from .backends.cells import compile_cell, run_compiled
     from .record import last_trace, record
 
     real = _real_backend("%%spmd --compare")
@@ -126,7 +128,7 @@ def compare_cell(cell: str, shell: Any, values: str | int | None = None) -> Comp
 
 
 def _real_backend(who: str) -> Backend:
-    real = backends.current()
+    real = current()
     if real.simulated:
         raise BackendError(
             f"{who} compares the simulator with real process groups: switch to one first, e.g. "
@@ -141,7 +143,7 @@ def _simulator(world_size: int) -> Any:
 
     local = LocalBackend(world_size)
     try:
-        with backends.swapped(local):
+        with session.swapped(local):
             yield local
     finally:
         local.close()
@@ -198,7 +200,7 @@ def _step(e: Event) -> tuple[Any, ...]:
 def _describe(e: Event | None) -> str:
     if e is None:
         return "no event"
-    from .describe import brief
+    from .data.describe import brief
 
     return brief(e)
 

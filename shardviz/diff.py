@@ -18,9 +18,13 @@ from typing import Any
 
 from torch import nn
 
-from . import _torch, backends, describe, numerics_capture
-from .errors import BackendError
-from .numerics import (
+from .backends.choose import current
+from .capture import numerics_hooks as numerics_capture
+from .capture import torch as _torch
+from .capture.numerics_hooks import DEFAULT_BUDGET
+from .data import describe
+from .data.events import Source
+from .data.numerics import (
     EventNote,
     NumericsReport,
     RawCapture,
@@ -31,8 +35,8 @@ from .numerics import (
     compare,
     merge_raw,
 )
-from .numerics_capture import DEFAULT_BUDGET
-from .trace import DEFAULT_VALUE_BUDGET, Source, Trace
+from .data.trace import DEFAULT_VALUE_BUDGET, Trace
+from .errors import BackendError
 
 
 def numerics(
@@ -88,7 +92,7 @@ def numerics(
             budget=budget,
             seed=seed,
         )
-    backend = backends.current()
+    backend = current()
     raw, trace = _parallel_step(
         backend,
         model,
@@ -205,7 +209,7 @@ def _in_simulator(
 ) -> StepNumerics:
     from .compare import _simulator
 
-    real = backends.current()
+    real = current()
     if real.simulated:
         raise BackendError(
             "sv.diff(..., against='simulator') sets real ranks (or one thread per rank) against the "
@@ -287,7 +291,7 @@ def event_notes(trace: Trace, caller: Source | None = None) -> dict[int, EventNo
 
 def _caller() -> Source | None:
     """The user's line that called into shardviz, as the recorder writes an event's source."""
-    from .recorder import frames
+    from .capture.recorder import frames
 
     return frames.source(frames.user_frame(sys._getframe(1))[0])
 

@@ -31,6 +31,26 @@ class TraceFileError(ShardvizError, ValueError):
     """A file is not a shardviz trace, is damaged, or comes from a newer shardviz."""
 
 
+class P2PError(ShardvizError, RuntimeError):
+    """Point-to-point code the simulator cannot run as written; the message says what to do."""
+
+
+class DeadlockError(P2PError):
+    """Every simulated rank is finished or waits for a message that no rank will send."""
+
+
+P2P_HELP = (
+    "In the simulator, send/recv (dist.send, dist.recv, isend, irecv, batch_isend_irecv) and "
+    "torch.distributed.pipelining need one thread per block of ranks: write the code as a function "
+    "of the thread index and run it with sv.run(fn, threads=N), e.g.\n"
+    "    def ring(rank):\n"
+    "        dist.send(x, (rank + 1) % 4) ...\n"
+    "    trace = sv.run(ring, threads=4)\n"
+    "Thread i stands for the i-th block of world_size/N ranks (the pipeline stage when 'pp' is the "
+    "outermost mesh dim). See the README section 'Point-to-point and pipelines'."
+)
+
+
 def explain(error: BaseException, text: str) -> BaseException:
     """Append guidance to an exception's message, keeping its type and traceback.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from . import backends
+from .backends import choose
 
 USAGE = """\
 %shardviz use local [N]            simulate N ranks in this kernel (default 4)
@@ -84,15 +84,15 @@ class ShardvizMagics(Magics):
         cmd, rest = words[0], words[1:]
         if cmd == "use":
             name, world_size, options = parse_use(rest)
-            backend = backends.use(name, world_size, **options)
+            backend = choose.use(name, world_size, **options)
             print(f"shardviz: {backend.name} backend, {backend.world_size} ranks")
             return None
         if cmd == "restart":
-            backend = backends.restart()
+            backend = choose.restart()
             print(f"shardviz: restarted the {backend.name} backend, {backend.world_size} ranks")
             return None
         if cmd == "status":
-            print(f"shardviz: {backends.current()!r}")
+            print(f"shardviz: {choose.current()!r}")
             return None
         raise ValueError(f"unknown %shardviz command {cmd!r}\n{USAGE}")
 
@@ -112,7 +112,7 @@ class ShardvizMagics(Magics):
             from .compare import compare_cell
 
             return compare_cell(cell, self.shell, values)
-        return backends.current().run_cell(cell, self.shell, values=values)
+        return choose.current().run_cell(cell, self.shell, values=values)
 
 
 def load_ipython_extension(ipython: Any) -> None:

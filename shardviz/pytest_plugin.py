@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from . import _torch
-from .recorder import Recorder
-from .trace import DEFAULT_VALUE_BUDGET, Trace
+from .capture import torch as _torch
+from .capture.recorder import Recorder
+from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 

@@ -1,26 +1,24 @@
-"""Running SPMD code and recording it: ``record()``, ``run()``, ``per_rank()``, ``last_trace()``."""
+"""Running SPMD code and recording it: ``record()``, ``run()``, ``per_rank()``, ``last_trace()``,
+and ``record_job()`` for each rank of a real job."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from . import backends
-from .recorder import Recorder, ValueBudget
-from .trace import DEFAULT_VALUE_BUDGET, Trace
-
-_last: Trace | None = None
+from .backends import session
+from .backends.choose import current
+from .capture.job import ENV_DIR, JobRecording, backend_name
+from .capture.recorder import ValueBudget
+from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 
 
 def last_trace() -> Trace | None:
     """The trace of the last ``record()`` block, ``run()`` or ``%%spmd`` cell."""
-    return _last
-
-
-def _set_last(trace: Trace) -> None:
-    global _last
-    _last = trace
+    return session.last_trace()
 
 
 @contextlib.contextmanager
@@ -38,7 +36,7 @@ def record(values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Ite
     other processes, which a ``with`` body in this one cannot run on.
     """
     ValueBudget(values)  # validate before asking the backend anything
-    with backends.current().record(values, memory) as trace:
+    with current().record(values, memory) as trace:
         yield trace
 
 
@@ -59,7 +57,7 @@ def run(
     """
     if not callable(fn):
         raise TypeError(f"sv.run needs a callable, got {type(fn).__name__}")
-    return backends.current().run(fn, args, kwargs, values=values, threads=threads, memory=memory)
+    return current().run(fn, args, kwargs, values=values, threads=threads, memory=memory)
 
 
 def per_rank(fn: Callable[[int], Any]) -> Any:
@@ -72,29 +70,41 @@ def per_rank(fn: Callable[[int], Any]) -> Any:
     """
     if not callable(fn):
         raise TypeError(f"sv.per_rank needs a callable taking the rank, got {type(fn).__name__}")
-    return backends.current().per_rank(fn)
+    return current().per_rank(fn)
+
+
+def record_job(
+    path: str | Path | None = None,
+    *,
+    values: str | int = DEFAULT_VALUE_BUDGET,
+    flush_every: float = 1.0,
+    signals: bool = True,
+) -> JobRecording:
+    """Record this rank of a real job (torchrun, Slurm, ...) into ``path/rankNNNNN.svtrace``.
+
+    ``with sv.record_job("traces/run1"): train()`` — or ``sv.record_job()`` alone, which records
+    from here to the end of the process. With no ``path`` the folder is ``$SHARDVIZ_TRACE_DIR``;
+    when that is unset too, nothing is recorded (so the line can stay in a script). ``values`` is
+    the value policy of ``sv.record`` (``"all"``, ``"none"`` or a byte budget per rank). The file is
+    rewritten while the rank runs (at most every ``flush_every`` seconds) and when it ends — also on
+    an exception, SIGTERM (``signals=False`` leaves SIGTERM alone) or exit — so a rank that died or
+    hung leaves how far it got. Open the folder with ``sv.load(folder)``.
+    """
+    folder = path if path is not None else os.environ.get(ENV_DIR) or None
+    job = JobRecording(folder, values=values, flush_every=flush_every, signals=signals, around=_as_rank)
+    return job.start()
 
 
 @contextlib.contextmanager
-def record_rank(
-    rank: int,
-    world_size: int,
-    values: str | int = DEFAULT_VALUE_BUDGET,
-    on_collective: Callable[..., None] | None = None,
-) -> Iterator[Trace]:
-    """Record what one real process communicates: its own buffers and its own groups.
+def _as_rank(job: JobRecording) -> Iterator[None]:
+    """``sv.per_rank`` and ``sv.device_type`` inside the job mean this rank, as in a ``%%spmd``
+    cell on a real backend (the code's own ``dist`` calls need nothing from shardviz)."""
+    from .backends.rank import RankBackend
 
-    Used on each rank of a real backend; the client merges the ranks' traces into one.
-    ``on_collective`` is the Recorder's hook, called before and after each collective.
-    """
-    ValueBudget(values)
-    trace = Trace(world_size, "rank", values)
-    recorder = Recorder(trace, world_size, values, rank=rank, on_collective=on_collective)
+    backend = RankBackend(backend_name(), job.world_size, job.rank)
+    previous = session.install(backend)
     try:
-        with recorder:
-            yield trace
-    except BaseException:
-        trace.complete = False
-        raise
+        yield
     finally:
-        recorder.finish()
+        if session.peek() is backend:
+            session.install(previous)

@@ -1,31 +1,37 @@
 """``sv.show`` / ``sv.play`` / ``sv.plot`` / ``sv.export_html``: objects become plain data, then a view.
 
-Views never touch torch. This module is the one step between: a DTensor becomes its ``Layout``
-plus each rank's local values as numpy arrays; a LocalTensor (per-rank values, no placements)
-becomes a side-by-side layout. ``show_layout`` takes that plain data directly, so a real-process
-backend can draw shards it gathered from its ranks without any torch object at hand. A Trace (or
-one of its events) is already plain data: it goes to the collective player through ``_player``.
+Views never touch torch. Torch objects are made plain data first (``capture.layouts``: a DTensor
+becomes its ``Layout`` plus each rank's values, a LocalTensor a side-by-side layout; a module
+becomes its model map); then one table, ``_views()``, says how each kind of plain data is drawn:
+its widget (``sv.show``, ``sv.export_html``), its matplotlib picture (``sv.plot``) and the
+options each takes. A backend hands what it wants drawn to ``session.draw``, which is ``show``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from . import _torch, adapters
-from .layout import Layout, ShardInfo
-from .layout import compute as _compute_layout
-from .recorder import to_numpy
-from .trace import Event, Trace
+from .backends import session
+from .capture import adapters, layouts
+from .capture import torch as _torch
+from .data.events import Event
+from .data.memory import MemoryTimeline
+from .data.model import ModelMap
+from .data.numerics import NumericsReport
+from .data.pipeline import Timeline
+from .data.trace import Trace
+from .geometry.layout import Layout
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .model import ModelMap
     from .views.memory_svg import MemoryView
     from .views.model_view import ModelWidget
     from .views.numerics_view import NumericsWidget
@@ -39,6 +45,52 @@ _WIDGET_OPTIONS = (*_VIEW_OPTIONS, "selected")
 _PLAYER_OPTIONS = ("step", "link", "local_steps", "title", "filter")
 _MAP_OPTIONS = ("optimizer", "world_size", "grads", "buffers")
 _MODEL_OPTIONS = (*_MAP_OPTIONS, "rank", "selected", "title")
+
+
+@dataclass(frozen=True)
+class _Views:
+    """How one kind of plain data is drawn, and the options each view takes."""
+
+    widget: Callable[..., Any]  # sv.show; sv.export_html writes its page
+    widget_options: tuple[str, ...]
+    figure: Callable[..., Figure]  # sv.plot
+    figure_options: tuple[str, ...]
+    values: bool = True  # the page embeds values, up to sv.export_html's values_budget
+
+
+@functools.cache
+def _views() -> dict[type, _Views]:
+    """The one table from a kind of plain data to its views (loaded when something is drawn)."""
+    from .views.memory_mpl import plot_memory
+    from .views.memory_svg import MemoryView
+    from .views.model_mpl import plot_model_map
+    from .views.model_view import ModelWidget
+    from .views.mpl import plot_layout
+    from .views.numerics_mpl import plot_numerics
+    from .views.numerics_view import NumericsWidget
+    from .views.pipeline_mpl import plot_timeline
+    from .views.pipeline_svg import TimelineView
+    from .views.player import PlayerWidget, event_trace
+    from .views.trace_mpl import plot_event, plot_trace
+
+    def play_event(e: Event, **options: Any) -> PlayerWidget:
+        return PlayerWidget(event_trace(e), **options)
+
+    def plot_one_event(e: Event, trace: Trace | None = None, **options: Any) -> Figure:
+        return plot_event(e, trace, **options)
+
+    def layout_widget(layout: Layout, values: Any = None, **options: Any) -> LayoutWidget:
+        return show_layout(layout, values, **options)  # looked up when called: tests stand in for it
+
+    return {
+        Layout: _Views(layout_widget, (*_WIDGET_OPTIONS, "values_note"), plot_layout, _VIEW_OPTIONS),
+        Trace: _Views(PlayerWidget, _PLAYER_OPTIONS, plot_trace, ("link", "title")),
+        Event: _Views(play_event, _PLAYER_OPTIONS, plot_one_event, ("title", "trace")),
+        ModelMap: _Views(ModelWidget, _MODEL_OPTIONS, plot_model_map, (*_MAP_OPTIONS, "stack", "title")),
+        NumericsReport: _Views(NumericsWidget, ("selected", "title"), plot_numerics, ("title",)),
+        Timeline: _Views(TimelineView, ("title",), plot_timeline, ("title",), values=False),
+        MemoryTimeline: _Views(MemoryView, ("title",), plot_memory, ("title",), values=False),
+    }
 
 
 def show(
@@ -57,18 +109,8 @@ def show(
     option ``title``). A NumericsReport (``sv.diff``) is its module tree coloured by error, a
     row's layout with its per-element error (options ``selected``, a row index, and ``title``).
     """
-    timeline = _timeline_view(obj, "sv.show", options)
-    if timeline is not None:
-        return timeline
-    numerics = _numerics_widget(obj, "sv.show", options)
-    if numerics is not None:
-        return numerics
-    if isinstance(obj, Trace | Event):
-        return _player(obj, "sv.show", options)
-    if _is_model(obj):
-        return _model_widget(obj, "sv.show", options)
-    layout, values, extra = _plain(obj, "sv.show", options)
-    return show_layout(layout, values, **{**extra, **options})
+    plain, views, options = _plain(obj, "sv.show", options, figure=False)
+    return views.widget(plain, **options)
 
 
 def play(trace: Any, **options: Any) -> PlayerWidget:
@@ -80,7 +122,15 @@ def play(trace: Any, **options: Any) -> PlayerWidget:
     ``title``, ``filter`` (``{"phase", "module", "mesh_dim", "all_ops"}``: the steps and timeline
     rows shown). An event alone plays as a one-step trace.
     """
-    return _player(trace, "sv.play", options)
+    if not isinstance(trace, Trace | Event):
+        hint = " (sv.record() returns one: `with sv.record() as trace: ...`)" if callable(trace) else ""
+        raise TypeError(
+            "sv.play plays a shardviz Trace (from sv.record, sv.run, sv.last_trace or sv.load) or one of "
+            f"its events; got {type(trace).__name__}{hint}"
+        )
+    plain, views, options = _plain(trace, "sv.play", options, figure=False)
+    widget: PlayerWidget = views.widget(plain, **options)
+    return widget
 
 
 def show_layout(
@@ -104,42 +154,8 @@ def plot(obj: Any, **options: Any) -> Figure:
     came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
     time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
-    from .memory import MemoryTimeline
-    from .pipeline import Timeline
-    from .views.mpl import plot_event, plot_layout, plot_trace
-
-    if _is_numerics(obj):
-        from .views.numerics_mpl import plot_numerics
-
-        _check_options("sv.plot", options, ("title",))
-        return plot_numerics(obj, **options)
-    if isinstance(obj, MemoryTimeline):
-        from .views.memory_mpl import plot_memory
-
-        _check_options("sv.plot", options, ("title",))
-        return plot_memory(obj, **options)
-    if isinstance(obj, Timeline):
-        from .views.pipeline_mpl import plot_timeline
-
-        _check_options("sv.plot", options, ("title",))
-        return plot_timeline(obj, **options)
-    if isinstance(obj, Trace):
-        _check_options("sv.plot", options, ("link", "title"))
-        return plot_trace(obj, **options)
-    if isinstance(obj, Event):
-        _check_options("sv.plot", options, ("title", "trace"))
-        return plot_event(obj, options.pop("trace", None), **options)
-    if _is_model(obj):
-        from .views.mpl import plot_model_map
-
-        _check_options("sv.plot", options, (*_MAP_OPTIONS, "stack", "title"))
-        view = {k: options.pop(k) for k in ("stack", "title") if k in options}
-        return plot_model_map(_model_map(obj, options), **view)
-    layout, values, extra = _plain(obj, "sv.plot", options)
-    extra.pop("values_note", None)
-    opts = {**extra, **options}
-    _check_options("sv.plot", opts, _VIEW_OPTIONS)
-    return plot_layout(layout, values, **opts)
+    plain, views, options = _plain(obj, "sv.plot", options, figure=True)
+    return views.figure(plain, **options)
 
 
 def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
@@ -153,120 +169,85 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
     """
     from .views.widgets import EXPORT_VALUES_BUDGET
 
-    timeline = _timeline_view(obj, "sv.export_html", options)
-    if timeline is not None:
-        return timeline.export_html(path)
-    budget = options.pop("values_budget", EXPORT_VALUES_BUDGET)
-    numerics = _numerics_widget(obj, "sv.export_html", options)
-    if numerics is not None:
-        try:
-            return numerics.export_html(path, values_budget=budget)
-        finally:
-            numerics.close()
-    if isinstance(obj, Trace | Event):
-        player = _player(obj, "sv.export_html", options)
-        try:
-            return player.export_html(path, values_budget=budget)
-        finally:
-            player.close()
-    if _is_model(obj):
-        model_widget = _model_widget(obj, "sv.export_html", options)
-        try:
-            return model_widget.export_html(path, values_budget=budget)
-        finally:
-            model_widget.close()
-    layout, values, extra = _plain(obj, "sv.export_html", options)
-    widget = show_layout(layout, values, **{**extra, **options})
+    kind = _kind(obj)
+    budget = options.pop("values_budget", EXPORT_VALUES_BUDGET) if _views()[kind].values else None
+    plain, views, options = _plain(obj, "sv.export_html", options, figure=False)
+    view = views.widget(plain, **options)
+    if budget is None:
+        return view.export_html(path)
     try:
-        return widget.export_html(path, values_budget=budget)
+        return view.export_html(path, values_budget=budget)
     finally:
-        widget.close()
+        view.close()
 
 
-def _timeline_view(obj: Any, who: str, options: dict[str, Any]) -> TimelineView | MemoryView | None:
-    """The static SVG views: a pipeline Timeline's lanes, a MemoryTimeline's curves."""
-    from .memory import MemoryTimeline
-    from .pipeline import Timeline
-
-    if isinstance(obj, MemoryTimeline):
-        from .views.memory_svg import MemoryView
-
-        _check_options(who, options, ("title",))
-        return MemoryView(obj, **options)
-    if not isinstance(obj, Timeline):
-        return None
-    from .views.pipeline_svg import TimelineView
-
-    _check_options(who, options, ("title",))
-    return TimelineView(obj, **options)
+# ---- any object -> plain data and its views -------------------------------------------------------
 
 
-def _is_numerics(obj: Any) -> bool:
-    from .numerics import NumericsReport
-
-    return isinstance(obj, NumericsReport)
-
-
-def _numerics_widget(obj: Any, who: str, options: dict[str, Any]) -> NumericsWidget | None:
-    """A NumericsReport (``sv.diff``): its module tree coloured by error (``selected``, ``title``)."""
-    if not _is_numerics(obj):
-        return None
-    from .views.numerics_view import NumericsWidget
-
-    _check_options(who, options, ("selected", "title"))
-    return NumericsWidget(obj, **options)
+def _kind(obj: Any) -> type:
+    """The kind of plain data ``obj`` is drawn as (a key of the views table)."""
+    for kind in type(obj).__mro__:
+        if kind in _views():
+            return kind
+    if isinstance(obj, torch.nn.Module):
+        return ModelMap
+    return Layout  # tensors, or anything else: ``_layout_of`` says what it accepts
 
 
-# ---- torch -> plain data ------------------------------------------------------------------------
-
-
-def _is_model(obj: Any) -> bool:
-    from .model import ModelMap
-
-    return isinstance(obj, ModelMap | torch.nn.Module)
+def _plain(
+    obj: Any, who: str, options: dict[str, Any], *, figure: bool
+) -> tuple[Any, _Views, dict[str, Any]]:
+    """``obj`` as plain data, its views, and the options for its widget (or its ``figure``),
+    checked against what that view takes."""
+    kind = _kind(obj)
+    views = _views()[kind]
+    allowed = views.figure_options if figure else views.widget_options
+    if kind is ModelMap:
+        _check_options(who, options, allowed)
+        return _model_map(obj, options), views, options
+    if kind is Layout:
+        layout, values, defaults = _layout_of(obj, who, options)
+        if figure:
+            defaults.pop("values_note", None)  # a picture says nothing of missing values
+        options = {**defaults, **options}
+        _check_options(who, options, allowed)
+        return layout, views, {**options, "values": values}
+    _check_options(who, options, allowed)
+    return obj, views, options
 
 
 def _model_map(obj: Any, options: dict[str, Any]) -> ModelMap:
     """A ModelMap as given, or built from a module with the map options (popped)."""
-    from .model import ModelMap, model_map
+    from .capture.model_map import model_map
 
     opts = {k: options.pop(k) for k in _MAP_OPTIONS if k in options}
     if isinstance(obj, ModelMap):
         if opts:
             raise TypeError(f"{sorted(opts)} build a model map from a module; this ModelMap is already built")
         return obj
-    return model_map(obj, **opts)
+    return model_map(obj, **opts, backend_world=session.world_size())
 
 
-def _model_widget(obj: Any, who: str, options: dict[str, Any]) -> ModelWidget:
-    from .views.model_view import ModelWidget
-
-    _check_options(who, options, _MODEL_OPTIONS)
-    return ModelWidget(_model_map(obj, options), **options)
-
-
-def _plain(
-    obj: Any, who: str, options: dict[str, Any]
-) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
-    """(layout, per-rank values or None, default view options) for any object the API accepts."""
+def _layout_of(obj: Any, who: str, options: dict[str, Any]) -> layouts.Drawn:
+    """(layout, per-rank values or None, default view options) for what a layout view draws."""
     if "of" in options:
-        return _from_chunks(obj, options.pop("of"), options.pop("offsets", None), who)
+        return layouts.of_chunks(obj, options.pop("of"), options.pop("offsets", None), who)
     if "offsets" in options:
         raise TypeError(f"{who}(..., offsets=...) goes with of=: the global tensor the chunks come from")
     if isinstance(obj, Layout):
         return obj, options.pop("values", None), {}
     if "values" in options:
         raise TypeError(f"{who}(..., values=...) is only for a Layout: a {type(obj).__name__} brings its own")
-    if isinstance(obj, Trace | Event):
-        raise TypeError(f"{who} draws a {type(obj).__name__} with the collective player, not a layout view")
     if _torch.is_dtensor(obj):
-        return _from_dtensor(obj)
+        return layouts.of_dtensor(obj)
     adapter = adapters.for_object(obj)
     if adapter is not None:  # a framework's tensor with its own spec (PhysicsNeMo's ShardTensor)
-        layout, values, extra = _from_sharded(adapter.layout(obj), adapter.local(obj), type(obj).__name__)
+        layout, values, extra = layouts.of_sharded(
+            adapter.layout(obj), adapter.local(obj), type(obj).__name__
+        )
         return layout, values, {"title": adapters.view_title(obj, layout), **extra}
     if _torch.is_local_tensor(obj):
-        return _from_local_tensor(obj)
+        return layouts.of_local_tensor(obj)
     if isinstance(obj, torch.Tensor):
         raise TypeError(
             f"{who} got a plain torch.Tensor {tuple(obj.shape)}, which has no mesh or placements. "
@@ -280,125 +261,10 @@ def _plain(
     )
 
 
-def _player(obj: Any, who: str, options: dict[str, Any]) -> PlayerWidget:
-    """The one place where traces and events plug in: the collective player."""
-    from .views.player import PlayerWidget, event_trace
-
-    _check_options(who, options, _PLAYER_OPTIONS)
-    if isinstance(obj, Event):
-        obj = event_trace(obj)
-    if not isinstance(obj, Trace):
-        hint = " (sv.record() returns one: `with sv.record() as trace: ...`)" if callable(obj) else ""
-        raise TypeError(
-            f"{who} plays a shardviz Trace (from sv.record, sv.run, sv.last_trace or sv.load) or one of "
-            f"its events; got {type(obj).__name__}{hint}"
-        )
-    return PlayerWidget(obj, **options)
-
-
-def _values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
-    with _torch.no_dispatch():
-        return {int(r): to_numpy(t) for r, t in tensors.items()}
-
-
-def _from_chunks(
-    obj: Any, whole: Any, offsets: Any, who: str
-) -> tuple[Layout, dict[int, np.ndarray], dict[str, Any]]:
-    """Each rank's hand-made chunk (a per-rank tensor) drawn inside the global tensor ``whole``."""
-    from .chunks import chunk_layout, find_offset, resolve_offsets
-
-    per_rank = _torch.local_tensors(obj)
-    if per_rank is None:
-        kind = "DTensor (it knows its placements: drop of=)" if _torch.is_dtensor(obj) else type(obj).__name__
-        raise TypeError(
-            f"{who}(chunk, of=global) needs a per-rank tensor (each rank's chunk, e.g. from "
-            f"sv.per_rank(lambda rank: x.chunk(4)[rank])), not a {kind}"
-        )
-    if not isinstance(whole, torch.Tensor) or _torch.is_local_tensor(whole) or _torch.is_dtensor(whole):
-        raise TypeError(f"{who}(..., of=...) takes the plain global tensor the chunks were cut from")
-    chunks = _values(dict(sorted(per_rank.items())))
-    with _torch.no_dispatch():
-        full = to_numpy(whole)
-    given = resolve_offsets(offsets, sorted(chunks))
-    found = given if given is not None else {r: find_offset(full, c, r) for r, c in chunks.items()}
-    layout = chunk_layout(chunks, found, full.shape, _torch.dtype_name(whole.dtype))
-    title = f"{len(chunks)} ranks' chunks of a {'×'.join(map(str, full.shape))} tensor (partitioned by hand)"
-    return layout, chunks, {"title": title}
-
-
-def _from_dtensor(dt: Any) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
-    return _from_sharded(_compute_layout(**_torch.dtensor_geometry(dt)), _torch.local_of(dt), "DTensor")
-
-
-def _from_sharded(
-    layout: Layout, local: Any, kind: str
-) -> tuple[Layout, dict[int, np.ndarray] | None, dict[str, Any]]:
-    """A sharded tensor's layout and each rank's values, from its local tensor (per rank in the
-    simulator; on a real rank, only its own)."""
-    per_rank = _torch.local_tensors(local)
-    try:
-        if per_rank is not None:
-            return layout, _values(per_rank), {}
-        replicated = all(p == "R" for p in layout.placements)
-        if replicated or layout.world_size == 1:
-            # A Replicate-only DTensor may hold one plain tensor: every rank has the same values.
-            same = _values({0: local})[0]
-            return layout, {r: same for r in layout.ranks}, {}
-    except (RuntimeError, TypeError, NotImplementedError) as e:
-        return layout, None, {"values_note": f"values unavailable ({type(e).__name__}: {e}); geometry only"}
-    return (
-        layout,
-        None,
-        {
-            "values_note": f"values unknown: this {kind} holds only this process's shard; inside a "
-            "%%spmd cell sv.show gathers every rank's"
-        },
-    )
-
-
-def _from_local_tensor(lt: Any) -> tuple[Layout, dict[int, np.ndarray], dict[str, Any]]:
-    """Per-rank tensors side by side: concatenated along the last dim, one mesh cell per rank."""
-    per_rank = _torch.local_tensors(lt)
-    assert per_rank is not None
-    values = _values(dict(sorted(per_rank.items())))
-    ndims = {a.ndim for a in values.values()}
-    if len(ndims) != 1:
-        raise ValueError(
-            f"this LocalTensor's ranks hold tensors of different ranks (ndim {sorted(ndims)}); sv.show draws "
-            "per-rank tensors side by side only when they have the same number of dims"
-        )
-    values = {r: a.reshape(1) if a.ndim == 0 else a for r, a in values.items()}
-    nd = max(ndims.pop(), 1)
-    ranks = tuple(values)
-    last = nd - 1
-    starts = np.cumsum([0] + [a.shape[last] for a in values.values()])
-    lead = tuple(max(a.shape[d] for a in values.values()) for d in range(last))
-    shape = (*lead, int(starts[-1]))
-    shards = []
-    for i, (rank, a) in enumerate(values.items()):
-        indices = tuple(
-            (range(int(starts[i]), int(starts[i + 1])),)
-            if d == last
-            else ((range(0, a.shape[d]),) if a.shape[d] else ())
-            for d in range(nd)
-        )
-        indices = tuple(runs if all(len(r) for r in runs) else () for runs in indices)
-        offset = tuple(int(starts[i]) if d == last else 0 for d in range(nd))
-        shards.append(ShardInfo(rank=rank, coord=(i,), offset=offset, shape=a.shape, indices=indices))
-    layout = Layout(
-        global_shape=shape,
-        dtype=_torch.dtype_name(lt.dtype),
-        mesh_shape=(len(ranks),),
-        mesh_dim_names=("rank",),
-        placements=(f"S({last})",),
-        shards=tuple(shards),
-        mesh_ranks=ranks,
-    )
-    title = f"LocalTensor: {len(ranks)} ranks' tensors side by side along dim {last} (no placements)"
-    return layout, values, {"title": title}
-
-
 def _check_options(who: str, options: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise TypeError(f"{who} got unknown option(s) {unknown}; it takes {', '.join(allowed)}")
+
+
+session.set_drawer(show)  # a backend hands what it wants drawn to session.draw

@@ -33,7 +33,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("Recording a torchrun job", "import shardviz as sv"): (
         "a training script's lines, for torchrun on GPUs (nccl)"
     ),
-    ("Flight Recorder dumps", "import shardviz.flight"): "the dump runs in each rank of a torchrun job",
+    (
+        "Flight Recorder dumps",
+        "import shardviz.capture.flight",
+    ): "the dump runs in each rank of a torchrun job",
 }
 
 # Sections whose blocks start real process groups (ipyparallel engines), and those that take long.

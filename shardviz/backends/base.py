@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError
-from ..trace import DEFAULT_VALUE_BUDGET, Trace
 
 
 class Backend(Protocol):
@@ -74,13 +74,6 @@ def check_world_size(world_size: object) -> int:
     return world_size
 
 
-def draw(obj: Any, **options: Any) -> Any:
-    """The notebook view of ``obj``: what ``sv.show`` is wherever the notebook itself draws."""
-    from ..show import show as view  # the views load only when something is drawn
-
-    return view(obj, **options)
-
-
 def counts_memory(memory: Any) -> bool:
     return memory is not False and memory is not None
 
@@ -105,7 +98,7 @@ def refuse_simulation_options(name: str, values: str | int, threads: int | None,
     if counts_memory(memory):
         raise NotImplementedError(MEMORY_REFUSED)
     if threads is not None:
-        from ..recorder import ValueBudget
+        from ..capture.recorder import ValueBudget
 
         ValueBudget(values)
         raise BackendError(

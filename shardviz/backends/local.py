@@ -19,10 +19,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import _torch
+from ..capture import torch as _torch
+from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
-from ..trace import DEFAULT_VALUE_BUDGET, Trace
-from .base import MEMORY_REFUSED, check_world_size, counts_memory, draw, rank_tensor
+from . import session
+from .base import MEMORY_REFUSED, check_world_size, counts_memory, rank_tensor
 
 
 class LocalBackend:
@@ -107,10 +108,9 @@ class LocalBackend:
     def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
         """Run the body as SPMD ranks and record it (``sv.record``). The trace's events are filled
         in when the block ends; no dispatch mode outlives it, and an error keeps its type."""
-        from ..explain import explain_simulation_error
-        from ..record import _set_last
-        from ..recorder import Recorder, ValueBudget
-        from ..storage import MemoryRecorder
+        from ..capture.explain import explain_simulation_error
+        from ..capture.recorder import Recorder, ValueBudget
+        from ..capture.storage import MemoryRecorder
 
         ValueBudget(values)  # validate before entering anything
         trace = Trace(self.world_size, "local", values)
@@ -127,7 +127,7 @@ class LocalBackend:
             raise
         finally:
             recorder.finish()
-            _set_last(trace)
+            session.set_last(trace)
 
     def run(
         self,
@@ -144,10 +144,13 @@ class LocalBackend:
         if threads is not None:
             if counts_memory(memory):
                 raise NotImplementedError(MEMORY_REFUSED)
-            from ..p2p import run_threads
+            from ..capture.p2p import run_threads
 
-            return run_threads(self, fn, args, kwargs, threads=threads, values=values)
-        from ..recorder import split_per_rank
+            self._ensure_pg()
+            trace = Trace(self.world_size, "local", values)
+            run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
+            return trace
+        from ..capture.recorder import split_per_rank
 
         with self.record(values, memory=memory) as trace:
             result = fn(*args, **kwargs)
@@ -156,7 +159,7 @@ class LocalBackend:
 
     def per_rank(self, fn: Callable[[int], Any]) -> Any:
         """A LocalTensor whose rank ``r`` holds ``fn(r)``; ``fn`` runs once per rank on plain tensors."""
-        from ..storage import made
+        from ..capture.storage import made
 
         values = {}
         with _torch.no_dispatch():
@@ -174,7 +177,7 @@ class LocalBackend:
 
     def run_cell(self, cell: str, shell: Any, values: str | int | None = None) -> Any:
         """A ``%%spmd`` cell in the notebook's namespace, recorded; names it defines stay there."""
-        from ..cells import compile_cell, run_compiled
+        from .cells import compile_cell, run_compiled
 
         body, last = compile_cell(cell)
         ns = shell.user_ns
@@ -182,7 +185,7 @@ class LocalBackend:
             return run_compiled(body, last, ns)
 
     def show(self, obj: Any, **options: Any) -> Any:
-        return draw(obj, **options)
+        return session.draw(obj, **options)
 
     def __repr__(self) -> str:
         return f"LocalBackend(world_size={self.world_size})"
@@ -223,7 +226,7 @@ class AttachedBackend(LocalBackend):
     def simulate(self) -> Iterator[Any]:
         """The mode is already active: only shardviz's own fixes to the simulation (per-rank ranks,
         FSDP2 per rank, PREMUL_SUM factors, meshes kept) are put in place, and taken out after."""
-        from ..recorder import Recorder
+        from ..capture.recorder import Recorder
 
         self._ensure_pg()
         if _torch.active_local_mode() is not self._mode:

@@ -2,7 +2,7 @@
 flow.js and buffers.js), for saved notebooks and ``sv.plot(event)``.
 
 The axes are in pixels (y down), laid out as the player lays them out: buffers drawn from
-``steps.drawn_grid`` (readable cells, chunk borders kept, ellipsis bands where elements are left
+``grid.drawn_grid`` (readable cells, chunk borders kept, ellipsis bands where elements are left
 out), values printed into the cells where they fit (else the buffer's value range), and arrows that
 never cross a buffer (they leave through its bottom edge or a lane beside it, curve below every
 input, and enter through the top edge or a lane).
@@ -19,9 +19,11 @@ import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.path import Path
 
-from ..trace import CollectiveEvent, Event, LocalEvent, TensorSnapshot
+from ..data import describe
+from ..data.events import CollectiveEvent, Event, LocalEvent, TensorSnapshot
 from . import geometry as g
-from .steps import FLOW_WIDTH, Runs, grid_shape, p2p_pairs
+from .buffers import p2p_pairs
+from .grid import FLOW_WIDTH, Runs, grid_shape
 
 DPI = 100
 PT = 72 / DPI  # points per pixel
@@ -318,9 +320,7 @@ def _group(c: _Canvas, d: Mapping[str, Any], gi: int, event: Event, top: float) 
 
 
 def _human(n: float) -> str:
-    from ..cost import human_bytes
-
-    return human_bytes(n)
+    return describe.bytes_text(n)
 
 
 def _tint(origin: int | None, reduced: bool) -> str:

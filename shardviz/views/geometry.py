@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import describe
-from ..describe import rank_list
-from ..layout import Layout
-from ..placement import parse
+from ..data import describe
+from ..data.describe import rank_list
+from ..geometry.layout import Layout
+from ..geometry.placement import parse
 
 # Paul Tol's "muted" scheme: nine colours chosen to stay apart for the common colour-vision
 # deficiencies. Ranks past nine reuse a colour with a different pattern, so that (colour, pattern)

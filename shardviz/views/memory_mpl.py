@@ -3,8 +3,8 @@ same curve, each peak marked."""
 
 from __future__ import annotations
 
-from ..memory import MemoryTimeline
-from ..model import short_bytes
+from ..data.describe import bytes_text
+from ..data.memory import MemoryTimeline
 from .geometry import rank_list
 from .memory_svg import COLOURS, MAX_LINES, curves
 from .mpl import Figure, literal_text
@@ -25,13 +25,13 @@ def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
             ax.plot([m.events.index(at)], [int(m.peak[ranks[0]])], "o", color=color, markersize=4)
     top = int(m.peak.max(initial=0))
     ticks = [0, top // 2, top] if top else [0]
-    ax.set_yticks(ticks, [short_bytes(t) for t in ticks])
+    ax.set_yticks(ticks, [bytes_text(t) for t in ticks])
     ax.set_xlabel("event (sampled as each starts)")
     ax.set_ylabel("live bytes")
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=7, loc="upper left", frameon=False, ncols=min(4, len(shown[:MAX_LINES])))
     ax.set_title(
-        title or f"memory per rank · {m.world_size} ranks · peak {short_bytes(top)}", fontsize=10, loc="left"
+        title or f"memory per rank · {m.world_size} ranks · peak {bytes_text(top)}", fontsize=10, loc="left"
     )
     fig.tight_layout()
     return fig

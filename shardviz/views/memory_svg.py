@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..memory import MemoryTimeline, event_label
-from ..model import short_bytes
+from ..data.describe import bytes_text
+from ..data.memory import MemoryTimeline, event_label
 from .geometry import rank_list
 from .markup import Markup, element
 from .svg import SvgView
@@ -43,7 +43,7 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> Markup:
     def y(b: float) -> float:
         return TOP + plot_h - (b / top) * plot_h
 
-    head = title or f"Memory per rank: {m.world_size} ranks, peak {short_bytes(top)}"
+    head = title or f"Memory per rank: {m.world_size} ranks, peak {bytes_text(top)}"
     out = [
         element("text", {"x": 4, "y": 16, "font-size": 12}, head),
         element(
@@ -57,7 +57,7 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> Markup:
             element(
                 "text",
                 {"x": LEFT - 4, "y": f"{yy + 4:.0f}", "text-anchor": "end"},
-                short_bytes(int(top * frac)),
+                bytes_text(int(top * frac)),
             )
         )
         out.append(
@@ -89,9 +89,9 @@ def memory_svg(m: MemoryTimeline, title: str | None = None) -> Markup:
         pts = " ".join(f"{x(i):.1f},{y(float(v)):.1f}" for i, v in enumerate(values))
         peak = int(m.peak[ranks[0]])
         tip = (
-            f"rank{'s' if len(ranks) > 1 else ''} {rank_list(ranks)}: peak {short_bytes(peak)} during "
-            f"{event_label(m, m.peak_event[ranks[0]])}; start {short_bytes(int(values[0]))}, "
-            f"end {short_bytes(int(values[-1]))}"
+            f"rank{'s' if len(ranks) > 1 else ''} {rank_list(ranks)}: peak {bytes_text(peak)} during "
+            f"{event_label(m, m.peak_event[ranks[0]])}; start {bytes_text(int(values[0]))}, "
+            f"end {bytes_text(int(values[-1]))}"
         )
         at = m.peak_event[ranks[0]]
         px = x(m.events.index(at)) if at in m.events else LEFT

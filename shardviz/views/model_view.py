@@ -17,12 +17,12 @@ import anywidget
 import traitlets
 from anywidget.experimental import command
 
-from .. import describe
-from ..layout import Layout
-from ..model import KINDS, ModelMap, bytes_summary, mesh_label, shape_summary
+from ..data import describe
+from ..data.model import KINDS, ModelMap, bytes_summary, mesh_label, shape_summary
+from ..geometry.layout import Layout
 from . import geometry as g
 from . import html
-from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
+from .widgets import EXPORT_VALUES_BUDGET, STATIC, LayoutWidget, StaticFallback, esm_source
 
 SYNCED = ("summary", "rank", "selected", "title")
 
@@ -128,14 +128,12 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
 
     def layout_view(self, row: str | int | None = None) -> Any:
         """The full layout widget of a row (default: the selected one), as ``sv.show(layout)``."""
-        from ..show import show_layout
-
         if row is None:
             row = self.selected
             if row < 0:
                 raise ValueError("no row is selected: click one, or pass row= (a name or index)")
         r = self._map.rows[row] if isinstance(row, int) else self._map.row(row)
-        return show_layout(
+        return LayoutWidget(
             self._map.layouts[r.layout], title=f"{r.name} {describe.shape_tuple(r.global_shape)} {r.dtype}"
         )
 
@@ -185,7 +183,7 @@ class ModelWidget(StaticFallback, anywidget.AnyWidget):
         return str(self._map)
 
     def figure(self) -> Any:
-        from .mpl import plot_model_map
+        from .model_mpl import plot_model_map
 
         return plot_model_map(self._map, title=self.title or None)
 

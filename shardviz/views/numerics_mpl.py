@@ -11,7 +11,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator
 
-from ..numerics import DiffRow, NumericsReport
+from ..data.numerics import DiffRow, NumericsReport
 from .mpl import literal_text
 
 PHASE_COLORS = {

@@ -20,7 +20,7 @@ import numpy as np
 import traitlets
 from anywidget.experimental import command
 
-from ..numerics import NumericsReport, describe_row
+from ..data.numerics import NumericsReport, describe_row
 from . import geometry as g
 from . import html
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source

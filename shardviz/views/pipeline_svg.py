@@ -8,7 +8,7 @@ as ``data-*`` attributes, so a test (or a reader's browser) can find them.
 
 from __future__ import annotations
 
-from ..pipeline import Timeline
+from ..data.pipeline import Timeline
 from .markup import Markup, element
 from .svg import SvgView
 

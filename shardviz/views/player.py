@@ -17,9 +17,10 @@ import anywidget
 import traitlets
 from anywidget.experimental import command
 
-from .. import cost as _cost
-from .. import describe
-from ..trace import Event, Trace
+from ..data import cost as _cost
+from ..data import describe
+from ..data.events import Event
+from ..data.trace import Trace
 from . import html
 from .steps import FILTER_KEYS, PHASES, Model, event_trace
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
@@ -219,9 +220,7 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
 
     def text(self) -> str:
         """The trace as text with the current step marked, then the step's cost on the link."""
-        from .text import trace_text
-
-        lines = trace_text(self.trace).split("\n")
+        lines = str(self.trace).split("\n")
         e = self.event
         n = len(self._model.steps)
         if e is None:
@@ -235,14 +234,14 @@ class PlayerWidget(StaticFallback, anywidget.AnyWidget):
         c = self.cost()
         out.append(
             f"player: step {self.step + 1} of {n}, event #{e.id}; "
-            f"{_cost.human_bytes(c['bus_bytes'])} bus bytes per rank, "
+            f"{describe.bytes_text(c['bus_bytes'])} bus bytes per rank, "
             f"{_cost.human_seconds(c['seconds'])} on {c['link']}"
         )
         return "\n".join(out)
 
     def figure(self) -> Any:
         """The current step as a matplotlib Figure (before → after with arrows)."""
-        from .mpl import plot_event, plot_message
+        from .trace_mpl import plot_event, plot_message
 
         e = self.event
         if e is None:

@@ -10,47 +10,45 @@
   buffers, sampled when large) and ``ring`` (the ring algorithm's states from ``ring.py``,
   contributors and a few values).
 
-No widget library is imported here: the widget (views/player.py) sends these replies to the
+The pieces live beside it: ``grid`` (a buffer as a drawn grid of parts), ``buffers`` (what each
+rank's buffers hold before and after a step) and ``ring_states`` (the ring reply). No widget
+library is imported here: the widget (views/player.py) sends these replies to the
 browser, and views/mpl.py draws the same part descriptions without anywidget, so both agree.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import cost as _cost
-from .. import describe
-from .. import flow as _flow
-from .. import ring as _ring
-from ..placement import parse as _parse_placement
-from ..plan import PlanStep, plan_steps
-from ..trace import (
-    CollectiveEvent,
-    Event,
-    LocalEvent,
-    OpEvent,
-    RedistributeEvent,
-    TensorSnapshot,
-    Trace,
-)
+from ..data import cost as _cost
+from ..data import describe
+from ..data import flow as _flow
+from ..data import ring as _ring
+from ..data.events import CollectiveEvent, Event, LocalEvent, OpEvent, RedistributeEvent
+from ..data.plan import PlanStep, plan_steps
+from ..data.trace import Trace
 from . import geometry as g
+from .buffers import (
+    buffer_json,
+    check_json,
+    p2p_pairs,
+    rle,
+    snapshots_of,
+    source_json,
+    stays,
+    step_buffers,
+    transfer_json,
+    valid_shapes,
+)
+from .ring_states import ring_reply
 
 # Elements per buffer in a values reply: the view prints numbers into small buffers and a
 # summary for large ones, so a sample of this size is all it ever shows.
 VALUES_LIMIT = 4096
-# Values per ring chunk sent with a ring reply (the view prints a few per chunk).
-RING_VALUES = 6
 # Rings are drawn as a rank x chunk grid: beyond this many ranks it is no longer readable.
 RING_MAX = 16
-# Pad rectangles per part; past this the padding is only named in the notes.
-PAD_RECTS = 64
 
 KIND_CODES = {"collective": "c", "redistribute": "r", "op": "o", "local": "l", "module": "m"}
 STEP_KINDS = ("collective", "redistribute")
@@ -68,498 +66,6 @@ VIEW_OPS = frozenset(
 PHASES = ("forward", "backward", "none")
 # The keys of a player's filter (PlayerWidget.filter): which steps and timeline rows it shows.
 FILTER_KEYS = ("phase", "module", "mesh_dim", "all_ops")
-
-
-# ---- the drawn grid: readable cells whatever the buffer's shape ----------------------------------
-
-# Rows drawn per buffer (all its list slots together) and columns per buffer at most. A (8, 4, 64)
-# buffer is a grid of 8 x 256 elements: drawn to scale it is a hairline; drawn with these budgets
-# it keeps readable cells (each can print its value), every chunk border, and an ellipsis band
-# where elements are left out.
-ROW_CELLS = 10
-# The player's data flow is about this many pixels wide; a column holds about 40 px per cell.
-FLOW_WIDTH = 880
-
-Runs = tuple[tuple[int, int], ...]
-
-
-def col_cells(group_size: int) -> int:
-    """Columns drawn per buffer when ``group_size`` ranks sit side by side (2 to 8)."""
-    return max(2, min(8, (FLOW_WIDTH // max(group_size, 1) - 50) // 40))
-
-
-def summarize_axis(n: int, cuts: Iterable[int], most: int) -> Runs:
-    """The index runs drawn along one axis of ``n`` elements (the gaps between runs are drawn as
-    one ellipsis band each).
-
-    Every cut (a chunk or padding border) stays a border between drawn cells. A stretch between
-    two cuts longer than its share of ``most`` keeps its first cells and its last one; with many
-    short stretches more than ``most`` cells are drawn (then the cells get smaller, never merged).
-    """
-    if n <= most:
-        return ((0, n),) if n > 0 else ()
-    points = sorted({0, n, *(c for c in cuts if 0 < c < n)})
-    share = max(2, most // (len(points) - 1))
-    runs: list[tuple[int, int]] = []
-
-    def keep(a: int, b: int) -> None:
-        if runs and runs[-1][1] == a:
-            runs[-1] = (runs[-1][0], b)
-        else:
-            runs.append((a, b))
-
-    for a, b in itertools.pairwise(points):
-        if b - a <= share + 1:
-            keep(a, b)
-        else:
-            keep(a, a + share - 1)
-            keep(b - 1, b)
-    return tuple(runs)
-
-
-def drawn_grid(buf: Buffer, group_size: int) -> list[tuple[Runs, Runs]]:
-    """Per slot of ``buf``, the (row runs, column runs) the views draw (see ``summarize_axis``)."""
-    shapes = list(buf.slots) if buf.slots is not None else [buf.shape]
-    rows_most = max(2, ROW_CELLS // max(len(shapes), 1))
-    out = []
-    for k, shape in enumerate(shapes):
-        rows, cols = grid_shape(shape)
-        boxes = [p.box for p in buf.parts if (p.slot or 0) == k]
-        boxes += [b for p in buf.parts if (p.slot or 0) == k for b in p.pad]
-        if k == 0:
-            boxes += list(buf.pad)
-        rcuts = [x for b in boxes for x in b[:2]]
-        ccuts = [x for b in boxes for x in b[2:]]
-        out.append(
-            (summarize_axis(rows, rcuts, rows_most), summarize_axis(cols, ccuts, col_cells(group_size)))
-        )
-    return out
-
-
-def grid_json(buf: Buffer, group_size: int) -> list[list[list[list[int]]]] | None:
-    """``drawn_grid`` as JSON, or None when every element is drawn (the common small case)."""
-    grid = drawn_grid(buf, group_size)
-    shapes = list(buf.slots) if buf.slots is not None else [buf.shape]
-    full = all(
-        rr == (((0, r),) if r else ()) and cc == (((0, c),) if c else ())
-        for (rr, cc), (r, c) in zip(grid, (grid_shape(s) for s in shapes), strict=True)
-    )
-    if full:
-        return None
-    return [[[list(x) for x in rr], [list(x) for x in cc]] for rr, cc in grid]
-
-
-# ---- buffer parts: what each transfer moves, in grid coordinates ---------------------------------
-
-
-def grid_shape(shape: Sequence[int]) -> tuple[int, int]:
-    """How a buffer is drawn: rows = dim 0, columns = the other dims flattened (a 1-D buffer is a
-    column, so chunks of dim 0 are always horizontal bands)."""
-    if not shape:
-        return 1, 1
-    return shape[0], math.prod(shape[1:]) if len(shape) > 1 else 1
-
-
-@dataclass(frozen=True, slots=True)
-class Part:
-    """One piece of a buffer that a transfer names (a chunk of a tensor, or a list slot).
-
-    ``box`` is (row0, row1, col0, col1) in the drawn grid of slot ``slot`` (None: a tensor);
-    ``origin`` is the rank whose data the piece holds (after the op), None when it is a reduction
-    (``reduced``) or unknown; ``pad`` are the padding rectangles inside the piece.
-    """
-
-    index: int
-    slot: int | None
-    box: tuple[int, int, int, int]
-    origin: int | None = None
-    reduced: bool = False
-    pad: tuple[tuple[int, int, int, int], ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        """Defaults left out: a step of a 1,000-event trace's export is a few hundred bytes."""
-        out: dict[str, Any] = {"box": list(self.box)}
-        if self.slot is not None:
-            out["slot"] = self.slot
-        if self.origin is not None:
-            out["origin"] = self.origin
-        if self.reduced:
-            out["reduced"] = True
-        if self.pad:
-            out["pad"] = [list(b) for b in self.pad]
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Buffer:
-    """One rank's buffer on one side of a step, as drawn: its shape(s) and the parts."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    slots: tuple[tuple[int, ...], ...] | None  # list-valued buffers: one shape per slot
-    values: bool
-    parts: tuple[Part, ...] = ()
-    origin: int | None = None  # whose data the whole buffer holds (None: reduced / unknown)
-    reduced: bool = False
-    role: str = ""  # "ignored" (an input the op does not read) / "undefined" (an output it leaves)
-    pad: tuple[tuple[int, int, int, int], ...] = ()  # padding of a whole (unsplit) buffer
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "values": self.values}
-        if self.slots is not None:
-            out["slots"] = [list(s) for s in self.slots]
-        if self.parts:
-            out["parts"] = [p.as_json() for p in self.parts]
-        if self.origin is not None:
-            out["origin"] = self.origin
-        if self.reduced:
-            out["reduced"] = True
-        if self.role:
-            out["role"] = self.role
-        if self.pad:
-            out["pad"] = [list(b) for b in self.pad]
-        return out
-
-
-def _snaps(s: TensorSnapshot | list[TensorSnapshot] | None) -> list[TensorSnapshot]:
-    if s is None:
-        return []
-    return list(s) if isinstance(s, list) else [s]
-
-
-def _band(shape: Sequence[int], dim: int, start: int, stop: int) -> tuple[int, int, int, int] | None:
-    """Grid box of elements [start, stop) along ``dim``; None when that is not one band."""
-    rows, cols = grid_shape(shape)
-    if dim == 0 and shape:
-        return (start, stop, 0, cols)
-    if dim == 1 and len(shape) >= 2:
-        inner = math.prod(shape[2:])
-        return (0, rows, start * inner, stop * inner)
-    return None
-
-
-def _pad_rects(
-    box: tuple[int, int, int, int], part_shape: Sequence[int], valid: Sequence[int] | None
-) -> tuple[tuple[int, int, int, int], ...]:
-    """The padding of a part whose sub-tensor has ``part_shape`` and real data ``valid`` (per dim,
-    counted from the part's start), as grid rectangles: exact for padding along dims 0-2."""
-    if valid is None or len(valid) != len(part_shape) or not part_shape:
-        return ()
-    v = [min(max(int(x), 0), n) for x, n in zip(valid, part_shape, strict=True)]
-    if v == list(part_shape):
-        return ()
-    r0, r1, c0, c1 = box
-    out: list[tuple[int, int, int, int]] = []
-    if v[0] < part_shape[0]:
-        out.append((r0 + v[0], r1, c0, c1))
-    if len(part_shape) >= 2 and v[0] > 0:
-        inner = math.prod(part_shape[2:])
-        if v[1] < part_shape[1]:
-            out.append((r0, r0 + v[0], c0 + v[1] * inner, c1))
-        if len(part_shape) >= 3 and v[1] > 0:
-            inner2 = math.prod(part_shape[3:])
-            if v[2] < part_shape[2]:
-                for j in range(v[1]):
-                    if len(out) >= PAD_RECTS:
-                        break
-                    base = c0 + j * inner
-                    out.append((r0, r0 + v[0], base + v[2] * inner2, base + inner))
-    return tuple(out)
-
-
-def _chunks(
-    shape: Sequence[int],
-    dim: int,
-    n: int,
-    sizes: Sequence[int] | None,
-    origins: Sequence[int | None],
-    reduced: bool,
-    valid: Sequence[Sequence[int] | None] | None,
-) -> tuple[Part, ...]:
-    """n parts of a tensor cut along ``dim`` (equal, or ``sizes``); () if they are not bands."""
-    if not shape or dim >= len(shape) or n <= 0:
-        return ()
-    if sizes:
-        if len(sizes) != n or sum(sizes) != shape[dim]:
-            return ()
-        sz = list(sizes)
-    else:
-        step = shape[dim] // n
-        if step * n != shape[dim]:
-            return ()
-        sz = [step] * n
-    parts = []
-    start = 0
-    for k in range(n):
-        box = _band(shape, dim, start, start + sz[k])
-        if box is None:
-            return ()
-        sub = list(shape)
-        sub[dim] = sz[k]
-        pad = _pad_rects(box, sub, valid[k] if valid else None)
-        parts.append(Part(k, None, box, origins[k], reduced, pad))
-        start += sz[k]
-    return tuple(parts)
-
-
-def _slots(
-    slots: Sequence[tuple[int, ...]], origins: Sequence[int | None], reduced: bool
-) -> tuple[Part, ...]:
-    parts = []
-    for k, shape in enumerate(slots):
-        rows, cols = grid_shape(shape)
-        parts.append(Part(k, k, (0, rows, 0, cols), origins[k] if k < len(origins) else None, reduced))
-    return tuple(parts)
-
-
-# ---- padding: which elements of a buffer are real, from the redistribute's plan -----------------
-
-
-def _valid_shapes(
-    e: CollectiveEvent, step: PlanStep | None
-) -> tuple[dict[int, list[tuple[int, ...]]], dict[int, list[tuple[int, ...]]]] | None:
-    """Per rank, the real (unpadded) shape of each input / output part, from the layouts around
-    the plan step this collective ran; None when the step or its layouts are unknown."""
-    if step is None or step.before is None or step.after is None or step.mesh_dim is None:
-        return None
-    lb, la = step.before, step.after
-    try:
-        src, dst = _parse_placement(step.src), _parse_placement(step.dst)
-    except ValueError:
-        return None
-    ins: dict[int, list[tuple[int, ...]]] = {}
-    outs: dict[int, list[tuple[int, ...]]] = {}
-    try:
-        for grp in e.groups:
-            before = [lb.shard(r).shape for r in grp]
-            after = [la.shard(r).shape for r in grp]
-            for i, r in enumerate(grp):
-                if e.op == "all_gather":
-                    ins[r] = [before[i]]
-                    outs[r] = list(before)
-                elif e.op == "reduce_scatter":
-                    ins[r] = list(after)
-                    outs[r] = [after[i]]
-                elif e.op == "all_to_all" and src.dim is not None and dst.dim is not None:
-                    a, b = src.dim, dst.dim  # gather along a, split along b
-
-                    def mix(
-                        x: tuple[int, ...], y: tuple[int, ...], a: int = a, b: int = b
-                    ) -> tuple[int, ...]:
-                        out = list(x)
-                        out[b] = y[b]
-                        out[a] = x[a]
-                        return tuple(out)
-
-                    ins[r] = [mix(before[i], after[k]) for k in range(len(grp))]
-                    outs[r] = [mix(before[k], after[i]) for k in range(len(grp))]
-                else:
-                    return None
-    except KeyError:
-        return None
-    return ins, outs
-
-
-# ---- one step as plain data ---------------------------------------------------------------------
-
-
-def _buffers(
-    e: CollectiveEvent | LocalEvent, valid: tuple[dict, dict] | None = None
-) -> dict[int, dict[str, Buffer | None]]:
-    """Every rank's input and output buffer with the parts the op moves."""
-    out: dict[int, dict[str, Buffer | None]] = {}
-    if isinstance(e, LocalEvent):
-        for r in sorted(set(e.inputs) | set(e.outputs)):
-            out[r] = {"in": _plain(e.inputs.get(r), (), r), "out": _plain(e.outputs.get(r), (), r)}
-        return out
-    op, p = e.op, e.params
-    if op in ("send", "recv"):
-        return _p2p_buffers(e)
-    for grp in e.groups:
-        n = len(grp)
-        root = grp[e.root] if e.root is not None and e.root < n else None
-        for r in grp:
-            ins, outs = e.inputs.get(r), e.outputs.get(r)
-            vin = valid[0].get(r) if valid else None
-            vout = valid[1].get(r) if valid else None
-            b_in = _plain(ins, (), r, whole_valid=vin[0] if vin and len(vin) == 1 else None)
-            b_out = _plain(outs, (), None, whole_valid=vout[0] if vout and len(vout) == 1 else None)
-            members: list[int | None] = list(grp)
-            if op == "all_gather":
-                b_out = _split(outs, 0, n, None, members, False, vout) or b_out
-            elif op == "reduce_scatter":
-                b_in = _split(ins, 0, n, None, [r] * n, False, vin) or b_in
-                b_out = _plain(outs, (), None, reduced=True, whole_valid=vout[0] if vout else None)
-            elif op == "all_reduce":
-                b_out = _plain(outs, (), None, reduced=True)
-            elif op == "all_to_all":
-                if "gather_dim" in p and "shard_dim" in p:
-                    b_in = _split(ins, p["shard_dim"], n, None, [r] * n, False, vin) or b_in
-                    b_out = _split(outs, p["gather_dim"], n, None, members, False, vout) or b_out
-                else:
-                    b_in = _split(ins, 0, n, p.get("input_split_sizes"), [r] * n, False, None) or b_in
-                    b_out = _split(outs, 0, n, p.get("output_split_sizes"), members, False, None) or b_out
-            elif op == "broadcast":
-                b_out = _plain(outs, (), root)
-            elif op == "scatter":
-                if r == root:
-                    b_in = _split(ins, 0, n, None, [r] * n, False, None) or b_in
-                else:
-                    b_in = _with(b_in, role="ignored")
-                b_out = _plain(outs, (), root)
-            elif op == "gather":
-                if r == root:
-                    b_out = _split(outs, 0, n, None, members, False, None) or b_out
-                else:
-                    b_out = _with(b_out, role="undefined")
-            elif op == "reduce":
-                b_out = _plain(outs, (), None, reduced=True) if r == root else _with(b_out, role="undefined")
-            else:  # barrier: no buffers
-                b_out = _plain(outs, (), r)
-            out[r] = {"in": b_in, "out": b_out}
-    return out
-
-
-def p2p_pairs(e: CollectiveEvent) -> list[tuple[int, int]]:
-    """(source, destination) of each message of a send or recv. The recorded ``root`` is the index
-    of the peer in each pair: the destination for a send, the source for a recv."""
-    if e.op not in ("send", "recv") or e.root not in (0, 1):
-        return []
-    i = 1 - e.root if e.op == "send" else e.root
-    return [(grp[i], grp[1 - i]) for grp in e.groups if len(grp) == 2]
-
-
-def _p2p_buffers(e: CollectiveEvent) -> dict[int, dict[str, Buffer | None]]:
-    """A send draws the source's buffer and, at the destination, what is on its way there (it lands
-    in the matching recv); a recv draws what was sent and what arrived."""
-    out: dict[int, dict[str, Buffer | None]] = {}
-    for src, dst in p2p_pairs(e):
-        sent = e.inputs.get(src)
-        out.setdefault(src, {"in": None, "out": None})["in"] = _plain(sent, (), src)
-        if e.op == "send":
-            arrives = _with(_plain(sent, (), src), role="pending")
-        else:
-            arrives = _plain(e.outputs.get(dst), (), src)
-        out.setdefault(dst, {"in": None, "out": None})["out"] = arrives
-    return out
-
-
-def _buffer_json(b: Buffer | None, group_size: int) -> dict[str, Any] | None:
-    if b is None:
-        return None
-    out = b.as_json()
-    grid = grid_json(b, group_size)
-    if grid is not None:
-        out["grid"] = grid
-    return out
-
-
-def _with(b: Buffer | None, **changes: Any) -> Buffer | None:
-    if b is None:
-        return None
-    fields_ = {f: getattr(b, f) for f in Buffer.__slots__}
-    fields_.update(changes)
-    return Buffer(**fields_)
-
-
-def _plain(
-    s: TensorSnapshot | list[TensorSnapshot] | None,
-    parts: tuple[Part, ...],
-    origin: int | None,
-    *,
-    reduced: bool = False,
-    whole_valid: Sequence[int] | None = None,
-) -> Buffer | None:
-    snaps = _snaps(s)
-    if not snaps:
-        return None
-    listed = isinstance(s, list)
-    shape = snaps[0].shape if not listed else (len(snaps),)
-    pad: tuple[tuple[int, int, int, int], ...] = ()
-    if not listed and whole_valid is not None:
-        rows, cols = grid_shape(shape)
-        pad = _pad_rects((0, rows, 0, cols), shape, whole_valid)
-    return Buffer(
-        shape=tuple(shape),
-        dtype=snaps[0].dtype,
-        slots=tuple(x.shape for x in snaps) if listed else None,
-        values=all(x.values is not None for x in snaps),
-        parts=parts,
-        origin=origin,
-        reduced=reduced,
-        pad=pad,
-    )
-
-
-def _split(
-    s: TensorSnapshot | list[TensorSnapshot] | None,
-    dim: int,
-    n: int,
-    sizes: Sequence[int] | None,
-    origins: Sequence[int | None],
-    reduced: bool,
-    valid: Sequence[Sequence[int]] | None,
-) -> Buffer | None:
-    """A buffer cut into n parts: list slots when it is a list, else chunks along ``dim``."""
-    snaps = _snaps(s)
-    if not snaps:
-        return None
-    if isinstance(s, list):
-        if len(snaps) != n:
-            return None
-        return _plain(s, _slots([x.shape for x in snaps], origins, reduced), None, reduced=reduced)
-    parts = _chunks(
-        snaps[0].shape, dim, n, sizes, origins, reduced, valid if valid and len(valid) == n else None
-    )
-    if not parts:
-        return None
-    return _plain(s, parts, None, reduced=reduced)
-
-
-def stays(e: CollectiveEvent) -> list[_flow.Transfer]:
-    """What each rank keeps of its own input (drawn dashed): the transfers a rank makes to itself,
-    which ``flow.transfers`` leaves out."""
-    T = _flow.Transfer
-    out: list[_flow.Transfer] = []
-    for grp in e.groups:
-        n = len(grp)
-        root = e.root if e.root is not None and e.root < n else None
-        for i, r in enumerate(grp):
-            if e.op == "all_gather":
-                out.append(T(r, r, None, i))
-            elif e.op == "reduce_scatter":
-                out.append(T(r, r, i, None, True))
-            elif e.op == "all_reduce":
-                out.append(T(r, r, None, None, True))
-            elif e.op == "all_to_all":
-                out.append(T(r, r, i, i))
-            elif e.op == "broadcast" and i == root:
-                out.append(T(r, r))
-            elif e.op == "scatter" and i == root:
-                out.append(T(r, r, i, None))
-            elif e.op == "gather" and i == root:
-                out.append(T(r, r, None, i))
-            elif e.op == "reduce" and i == root:
-                out.append(T(r, r, None, None, True))
-    return out
-
-
-def _transfer_json(t: _flow.Transfer) -> list[Any]:
-    return [t.src, t.dst, t.src_part, t.dst_part, t.reduce]
-
-
-def _check_json(c: _flow.FlowCheck) -> dict[str, Any]:
-    errors = {str(r): (e if math.isfinite(e) else None) for r, e in sorted(c.max_error.items())}
-    return {"ok": c.ok, "checked": c.checked, "max_error": errors, "note": c.note}
-
-
-def _source_json(e: Event) -> dict[str, Any] | None:
-    if e.source is None:
-        return None
-    return {"file": Path(e.source.file).name, "line": e.source.line, "text": e.source.text}
-
-
-# ---- the whole trace ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -805,7 +311,7 @@ class Model:
             "kind": e.kind,
             "label": describe.short(e),
             "line": describe.line(e),
-            "source": _source_json(e),
+            "source": source_json(e),
             "module": e.module,
             "phase": e.phase,
             "context": [
@@ -832,16 +338,16 @@ class Model:
 
     def _collective(self, e: CollectiveEvent) -> dict[str, Any]:
         step = self.plan_step_of(e)
-        valid = _valid_shapes(e, step)
-        bufs = _buffers(e, valid)
+        valid = valid_shapes(e, step)
+        bufs = step_buffers(e, valid)
         n = e.group_size
         factor = _cost.bus_factor(e.op, n)
         ranks = {}
         for r, b in sorted(bufs.items()):
             nb = e.nbytes.get(r, 0)
             ranks[str(r)] = {
-                "in": _buffer_json(b["in"], n),
-                "out": _buffer_json(b["out"], n),
+                "in": buffer_json(b["in"], n),
+                "out": buffer_json(b["out"], n),
                 "nbytes": nb,
                 "bus": factor * nb,
             }
@@ -889,7 +395,7 @@ class Model:
         if drawn and not any(b.values for b in drawn):
             notes.append("values not kept for this step (value policy): shapes and bytes only")
         if "flight" in e.params:
-            from ..flight import flight_notes
+            from ..data.flight import flight_notes
 
             notes.extend(flight_notes(e))
         check = _flow.check(e)
@@ -917,9 +423,9 @@ class Model:
             "pairs": [list(x) for x in pairs],
             "groups": self._groups_json(e),
             "ranks": ranks,
-            "transfers": [_transfer_json(t) for t in _flow.transfers(e)],
-            "stays": [_transfer_json(t) for t in stays(e)],
-            "check": _check_json(check),
+            "transfers": [transfer_json(t) for t in _flow.transfers(e)],
+            "stays": [transfer_json(t) for t in stays(e)],
+            "check": check_json(check),
             "ring": {"available": ring_ok, "note": ring_note} if e.op in _ring.RING_OPS else None,
             "plan_step": step.index if step else None,
             "bus_factor": factor,
@@ -943,12 +449,12 @@ class Model:
         return "groups that match no mesh dim"
 
     def _local(self, e: LocalEvent) -> dict[str, Any]:
-        bufs = _buffers(e)
+        bufs = step_buffers(e)
         n = len(bufs)
         ranks = {
             str(r): {
-                "in": _buffer_json(b["in"], n),
-                "out": _buffer_json(b["out"], n),
+                "in": buffer_json(b["in"], n),
+                "out": buffer_json(b["out"], n),
                 "nbytes": 0,
                 "bus": 0.0,
             }
@@ -1020,7 +526,7 @@ class Model:
             for side, per_rank in (("in", e.inputs), ("out", e.outputs)):
                 snap = per_rank.get(r)
                 listed = isinstance(snap, list)
-                for slot, s in enumerate(_snaps(snap)):
+                for slot, s in enumerate(snapshots_of(snap)):
                     if s.values is None:
                         missing += 1
                         continue
@@ -1051,116 +557,6 @@ class Model:
         if rg is None:
             return {"error": "the ring view needs the buffers' values, which this trace did not keep"}, []
         return ring_reply(k, group, rg, e)
-
-
-def rle(values: Sequence[int]) -> list[int]:
-    """Run-length code: [value, count, value, count, ...] (rows of one module come in runs)."""
-    out: list[int] = []
-    for v in values:
-        if out and out[-2] == v:
-            out[-1] += 1
-        else:
-            out += [v, 1]
-    return out
-
-
-def contributors(rg: _ring.Ring, op: str) -> list[list[list[int]]]:
-    """Per ring state (initial, then after each step), per rank, per chunk: the bit mask of the
-    group's ranks whose data the chunk holds (0: not there yet)."""
-    n = rg.n
-    if op == "all_gather":
-        cur = [[(1 << k) if c == k else 0 for c in range(n)] for k in range(n)]
-    else:
-        cur = [[1 << k for _ in range(n)] for k in range(n)]
-    pos = {r: i for i, r in enumerate(rg.group)}
-    states = [[list(row) for row in cur]]
-    for st in rg.steps:
-        sent = {pos[dst]: (c, cur[pos[src]][c]) for src, dst, c in st.sends}
-        for d, (c, mask) in sent.items():
-            cur[d][c] = (cur[d][c] | mask) if st.phase == "reduce-scatter" else mask
-        states.append([list(row) for row in cur])
-    return states
-
-
-def _first(a: np.ndarray | None, k: int) -> np.ndarray | None:
-    if a is None:
-        return None
-    flat = np.asarray(a).reshape(-1)[:k]
-    return np.real(flat).astype(np.float64) if flat.dtype.kind == "c" else flat.astype(np.float64)
-
-
-def ring_reply(k: int, group: int, rg: _ring.Ring, e: CollectiveEvent) -> tuple[dict[str, Any], list[bytes]]:
-    """The ring reply: per state (initial, after each step, then the ring's final result and the
-    recorded output), per rank, per chunk, how many leading values are sent (``counts``, -1: the
-    chunk is not there yet) and, in one buffer, those values packed in that order."""
-    n, kv = rg.n, RING_VALUES
-    states = [rg.initial, *[s.chunks for s in rg.steps]]
-    rows = len(states) + 2
-    counts = np.full((rows, n, n), -1, dtype=np.int64)
-    packed: list[np.ndarray] = []
-    sizes = [[0] * n for _ in range(n)]
-
-    def put(si: int, i: int, c: int, arr: np.ndarray | None) -> None:
-        f = _first(arr, kv)
-        if f is not None:
-            counts[si, i, c] = f.size
-            packed.append(f)
-
-    for si, state in enumerate(states):
-        for i, r in enumerate(rg.group):
-            for c, chunk in enumerate(state[r]):
-                if chunk is not None:
-                    sizes[i][c] = max(sizes[i][c], int(np.asarray(chunk).size))
-                put(si, i, c, chunk)
-    for i, r in enumerate(rg.group):  # the ring's final result, then what was recorded
-        put(len(states), i, 0, rg.final.get(r))
-    for i, r in enumerate(rg.group):
-        put(len(states) + 1, i, 0, _recorded(e, r))
-    values = np.concatenate(packed) if packed else np.zeros(0)
-    wide = any(
-        x.dtype.kind != "f" or x.dtype.itemsize > 4
-        for x in (rg.final.get(r) for r in rg.group)
-        if x is not None
-    )
-    fmt = "f8" if wide or e_dtype(e) in ("float64", "int64", "int32", "uint32", "uint64") else "f4"
-    meta = {
-        "step": k,
-        "group": group,
-        "op": rg.op,
-        "reduce_op": rg.reduce_op,
-        "ranks": list(rg.group),
-        "n": n,
-        "states": len(states),
-        "phases": [s.phase for s in rg.steps],
-        "sends": [[x for send in s.sends for x in send] for s in rg.steps],
-        "contributors": [m for state in contributors(rg, rg.op) for row in state for m in row],
-        "chunk_sizes": sizes,
-        "counts": counts.reshape(-1).tolist(),
-        "format": fmt,
-        "final_sizes": [int(np.asarray(rg.final[r]).size) if r in rg.final else 0 for r in rg.group],
-        "check": _check_json(rg.check),
-    }
-    return meta, [np.ascontiguousarray(values, dtype="<f8" if fmt == "f8" else "<f4").tobytes()]
-
-
-def e_dtype(e: CollectiveEvent) -> str:
-    """The source dtype of a collective's buffers ("" when none is recorded)."""
-    for per_rank in (e.inputs, e.outputs):
-        for s in per_rank.values():
-            snaps = _snaps(s)
-            if snaps:
-                return snaps[0].dtype
-    return ""
-
-
-def _recorded(e: CollectiveEvent, r: int) -> np.ndarray | None:
-    s = e.outputs.get(r)
-    snaps = _snaps(s)
-    if not snaps or any(x.values is None for x in snaps):
-        return None
-    if len(snaps) == 1:
-        return snaps[0].values
-    return np.concatenate([np.asarray(x.values).reshape(-1) for x in snaps])
 
 
 def event_trace(event: Event) -> Trace:

@@ -17,7 +17,7 @@ import numpy as np
 import traitlets
 from anywidget.experimental import command
 
-from ..layout import Layout
+from ..geometry.layout import Layout
 from . import geometry as g
 from . import html
 

@@ -24,8 +24,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz.memory import MemoryTimeline
-from shardviz.trace import (
+from shardviz.data.events import (
     CollectiveEvent,
     ComputeEvent,
     LocalEvent,
@@ -33,8 +32,9 @@ from shardviz.trace import (
     RedistributeEvent,
     Source,
     TensorSnapshot,
-    Trace,
 )
+from shardviz.data.memory import MemoryTimeline
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.browser
 
@@ -311,7 +311,7 @@ def test_model_map_export(page, tmp_path, h):
 def hostile_report(h: str) -> Any:
     """A NumericsReport whose every name is hostile: labels, root and module class names, module
     path, input keyword, mesh dims, dtype and the event's text."""
-    from shardviz.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+    from shardviz.data.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
 
     path = tagged("module", h)
     out, inp = RowKey(path, 0, "output", ""), RowKey(path, 0, "input", tagged("kwarg", h))

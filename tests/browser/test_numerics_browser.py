@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import shardviz as sv
-from shardviz.layout import compute
-from shardviz.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+from shardviz.data.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+from shardviz.geometry.layout import compute
 
 pytestmark = pytest.mark.browser
 

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz.trace import Trace
+from shardviz.data.trace import Trace
 from shardviz.views import steps
 
 pytestmark = pytest.mark.browser
@@ -341,7 +341,7 @@ def test_512_ranks_ticks_clear_the_axis_title_and_enter_picks_a_rank(page, tmp_p
 
 
 def test_the_pipeline_legend_fits_its_picture(page, tmp_path):
-    from shardviz.pipeline import Interval, Timeline
+    from shardviz.data.pipeline import Interval, Timeline
 
     tl = Timeline((0, 1), (Interval(0, 0.0, 1.0, "forward", 0, 0, 1, "F0"),), (), 2.0)
     html = sv.export_html(tl, tmp_path / "pipe.html")

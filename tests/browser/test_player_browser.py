@@ -19,8 +19,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import cost
-from shardviz.trace import TensorSnapshot, Trace
+from shardviz.data import cost
+from shardviz.data.events import TensorSnapshot
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.browser
 

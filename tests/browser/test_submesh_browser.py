@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import shardviz as sv
-from shardviz.mesh import submesh_groups
+from shardviz.geometry.mesh import submesh_groups
 
 pytestmark = pytest.mark.browser
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import shardviz as sv
-from shardviz import backends
+from shardviz.backends import choose, session
 from shardviz.backends.cluster import LocalCluster
 
 TIMEOUT = 10  # process-group timeout in tests (seconds)
@@ -28,7 +28,7 @@ def cluster() -> Iterator[LocalCluster]:
     try:
         yield c
     finally:
-        if backends.peek() is not None and backends.peek().name != "local":
+        if session.peek() is not None and session.peek().name != "local":
             sv.use("local")
         c.stop()
         alive = [p for p in pids if p and psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
@@ -42,7 +42,7 @@ def gloo(cluster: LocalCluster) -> Any:
     def use(n: int, **options: Any) -> Any:
         options = {"timeout": TIMEOUT, "progress": False, **cluster.connection, **options}
         sv.use("gloo", world_size=n, **options)
-        return backends.current()
+        return choose.current()
 
     return use
 
@@ -51,7 +51,7 @@ def gloo(cluster: LocalCluster) -> Any:
 def _back_to_local() -> Iterator[None]:
     """Leave the simulator as the backend for whatever runs after these modules."""
     yield
-    if backends.peek() is not None and backends.peek().name != "local":
+    if session.peek() is not None and session.peek().name != "local":
         sv.use("local")
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import shardviz as sv
-from shardviz import _torch
 from shardviz.backends.cluster import PerRank
-from shardviz.trace import CollectiveEvent
+from shardviz.capture import torch as _torch
+from shardviz.data.events import CollectiveEvent
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import shardviz as sv
-from shardviz import backends
+from shardviz.backends import choose
 from shardviz.backends.cluster import CollectiveHangError, RankError
 from shardviz.errors import BackendError
 
@@ -101,7 +101,7 @@ def test_a_dying_rank_on_an_owned_cluster(ip, capsys):
     ]
     positions = [out.find(s) for s in stages]
     assert -1 not in positions and positions == sorted(positions), out
-    backend = backends.current()
+    backend = choose.current()
     first_pids = backend.local.engine_pids()
     controller = backend.local.controller_pid()
     cell = "import os, time\nt = torch.ones(2)\nif dist.get_rank() == 1:\n    os._exit(3)\ndist.all_reduce(t)"

@@ -13,9 +13,9 @@ import warnings
 import pytest
 
 import shardviz as sv
-from shardviz.backends import cluster as cluster_module
 from shardviz.backends import rank as rank_module
 from shardviz.backends.cluster import RankError, RankRun, SpinningRankWarning, where_text
+from shardviz.backends.cluster import backend as cluster_module
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 

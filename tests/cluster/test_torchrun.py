@@ -21,9 +21,9 @@ import pytest
 import torch
 
 import shardviz as sv
+from shardviz.data.events import CollectiveEvent
+from shardviz.data.load import PartialTraceWarning
 from shardviz.errors import TraceFileError
-from shardviz.job import PartialTraceWarning
-from shardviz.trace import CollectiveEvent
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -60,8 +60,8 @@ def faulty(bad, how):
 
 
 def flight(folder, pickled):
-    import shardviz.flight
-    from shardviz import _torch
+    import shardviz.capture.flight
+    from shardviz.capture import torch as _torch
     t = torch.ones(4) * dist.get_rank()
     dist.all_reduce(t)
     pair = dist.new_group([0, 1])
@@ -72,7 +72,7 @@ def flight(folder, pickled):
     if dist.get_rank() != 1:
         dist.all_reduce(t, async_op=True)  # rank 1 never joins: its dump lacks this one
     time.sleep(0.5)
-    shardviz.flight.dump(folder)
+    shardviz.capture.flight.dump(folder)
     with open(os.path.join(pickled, f"fr_trace_rank_{dist.get_rank()}"), "wb") as f:
         f.write(_torch.flight_recorder_dump(pickled=True))
     sys.stdout.flush()

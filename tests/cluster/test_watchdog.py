@@ -27,7 +27,7 @@ KERNEL = """
 import sys, time
 import ipyparallel as ipp
 import shardviz as sv
-from shardviz import backends
+from shardviz.backends import choose
 
 if sys.argv[1] == "half":  # die between the controller and the engines
     def hang(cluster, *args, **kwargs):
@@ -35,7 +35,7 @@ if sys.argv[1] == "half":  # die between the controller and the engines
         time.sleep(600)
     ipp.Cluster.start_engines_sync = hang
 sv.use("gloo", world_size=2, timeout=5, progress=False)
-print("started", backends.current().local.profile_dir, flush=True)
+print("started", choose.current().local.profile_dir, flush=True)
 time.sleep(600)
 """
 

@@ -23,7 +23,7 @@ CELLS = [
     "%%spmd --values=none\nfull.to_local() * 2;",
     "print([e.kind for e in sv.last_trace().events], type(torch.ones(1)).__name__)",
     "%%spmd\nraise KeyError('inside the cell')",
-    "from shardviz import _torch\n"
+    "from shardviz.capture import torch as _torch\n"
     "print('modes left:', len(_torch.dispatch_mode_stack()), type(torch.ones(1)).__name__)",
     "%shardviz status",
 ]

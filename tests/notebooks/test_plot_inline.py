@@ -28,7 +28,7 @@ def test_plot_as_last_expression_shows_a_png(tmp_path):
         [
             "import shardviz as sv",
             "sv.plot(sv.layout((4, 4), (2,), ['S(0)']))",
-            "from shardviz.pipeline import Interval, Timeline\n"
+            "from shardviz.data.pipeline import Interval, Timeline\n"
             "sv.plot(Timeline((0,), (Interval(0, 0.0, 1.0, 'forward', 0, 0, 1, 'F0'),), (), 1.0))",
             "import matplotlib\nprint(matplotlib.get_backend())",
         ],

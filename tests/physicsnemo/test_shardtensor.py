@@ -411,9 +411,9 @@ def test_the_adapter_loads_when_physicsnemo_is_imported_and_not_before():
         "import sys\n"
         "import shardviz\n"
         "assert 'physicsnemo' not in sys.modules, 'importing shardviz imported PhysicsNeMo'\n"
-        "assert 'shardviz.adapters.physicsnemo' not in sys.modules\n"
+        "assert 'shardviz.capture.adapters.physicsnemo' not in sys.modules\n"
         "from physicsnemo.distributed import DistributedManager\n"
-        "assert 'shardviz.adapters.physicsnemo' in sys.modules\n"
+        "assert 'shardviz.capture.adapters.physicsnemo' in sys.modules\n"
         "print(type(DistributedManager.__dict__['_shared_state']).__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=110)

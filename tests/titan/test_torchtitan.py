@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 from shardviz.errors import PerRankValueError
 
 titan = pytest.importorskip("torchtitan", reason="torchtitan is installed by `make setup` (see Makefile)")

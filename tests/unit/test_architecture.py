@@ -1,23 +1,40 @@
 """Architecture rules, checked on the source: every module of the package is parsed, none imported.
 
-1. Private torch (a ``torch`` module path or name with a segment starting with ``_``, the private
-   attributes of torch objects that shardviz reads) is touched in ``shardviz/_torch.py`` only, so
-   that a torch release that moves one breaks one module with a message naming it.
-2. The views read plain data only: nothing under ``shardviz/views/`` imports torch (or ``_torch``).
-3. The plain-data modules (geometry and layouts, shared by real ranks, saved traces and views) and
-   every shardviz module they import, at any depth, import neither torch nor the recorder, the
-   backends or the views.
+The package lies in layers, one folder each (``README.md``, "Architecture"):
 
-4. Torch's internal layout (its frames' locals, its private source files by name) is read in
-   ``shardviz/_torch.py`` and, for tracebacks it explains, ``shardviz/explain.py`` only.
+    examples/                      user code: may import anything
+    front ends (shardviz/*.py)     the public API: may import every layer below and views/
+    backends/                      may import capture/, data/, geometry/
+    capture/                       may import data/, geometry/
+    data/                          may import geometry/
+    geometry/                      may import nothing above it
+    views/                         may import data/ and geometry/ only
+    errors.py, _version.py         importable by all, importing nothing of shardviz
 
-Imports anywhere count: at the top, in a function (a lazy import), under ``if TYPE_CHECKING:``.
+Every layer may import itself, ``errors.py`` and ``_version.py``. The rules, on the file-level
+import graph (imports anywhere count: at the top, in a function, under ``if TYPE_CHECKING:``,
+``importlib.import_module`` with a constant name; importing ``a.b`` does not count as importing
+``a/__init__.py``, which Python runs first anyway):
+
+1. No import goes from a layer to one it may not import.
+2. No circle between files.
+3. Nothing under ``views/``, ``geometry/`` or ``data/`` reaches torch, directly or through any
+   shardviz module it imports at any depth: a saved trace, a model map and a picture read the same
+   on a machine without torch's internals, and a view never waits on torch's import.
+4. Private torch (a ``torch`` module path or name with a segment starting with ``_``, the private
+   attributes of torch objects that shardviz reads) is touched under ``shardviz/capture/torch/`` only,
+   so that a torch release that moves one breaks one place with a message naming it.
+5. Torch's internal layout (its frames' locals, its private source files by name) is read under
+   ``shardviz/capture/torch/`` and, for tracebacks it explains, ``shardviz/capture/explain.py`` only.
+
+Each checker takes a tree of sources (path -> text), so the tests below run it on the package and
+on small planted trees that break one rule each.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,20 +43,30 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "shardviz"
 
-# The one module allowed to touch private torch.
-TORCH_GATE = "shardviz/_torch.py"
+Sources = Mapping[str, str]  # "shardviz/data/trace.py" -> its text
 
-# Plain-data modules, torch-free today. Not among them: trace.py, which imports torch (lazily, to
-# rebuild tensor results when a trace file is loaded) and views.text (for its text form).
-PLAIN_DATA = (
-    "shardviz/chunks.py",
-    "shardviz/layout.py",
-    "shardviz/mesh.py",
-    "shardviz/numerics.py",
-    "shardviz/placement.py",
-)
-NOT_FOR_PLAIN_DATA = ("torch", "shardviz._torch", "shardviz.recorder", "shardviz.backends", "shardviz.views")
-NOT_FOR_VIEWS = ("torch", "shardviz._torch")
+# --- layers -------------------------------------------------------------------------------------
+
+BASE = "errors.py/_version.py"
+FRONT = "front ends"
+BASE_FILES = ("shardviz/errors.py", "shardviz/_version.py")
+FOLDERS = ("examples", "backends", "capture", "data", "geometry", "views")
+
+# Which layers each layer may import (itself included where it may).
+ALLOWED: dict[str, frozenset[str]] = {
+    "examples": frozenset({"examples", FRONT, "backends", "capture", "data", "geometry", "views", BASE}),
+    FRONT: frozenset({FRONT, "backends", "capture", "data", "geometry", "views", BASE}),
+    "backends": frozenset({"backends", "capture", "data", "geometry", BASE}),
+    "capture": frozenset({"capture", "data", "geometry", BASE}),
+    "data": frozenset({"data", "geometry", BASE}),
+    "geometry": frozenset({"geometry", BASE}),
+    "views": frozenset({"views", "data", "geometry", BASE}),
+    BASE: frozenset(),
+}
+TORCH_FREE = ("views", "geometry", "data")
+
+# The one folder allowed to touch private torch.
+TORCH_GATE = "shardviz/capture/torch/"
 
 # Private attributes of torch objects (DTensor, LocalTensor, Tensor, OpOverload, DeviceMesh, ...)
 # that shardviz reads. Their receivers are plain variables, so they are matched by name; a
@@ -72,9 +99,23 @@ PRIVATE_TORCH_ATTRIBUTES = frozenset(
 # A framework adapter reads its framework's objects (PhysicsNeMo's ShardTensor keeps ``_spec`` and
 # ``_local_tensor``, names DTensor also has): those names are allowed in that one module, and the
 # framework's other private names (``FRAMEWORK_PRIVATE``) are read there and nowhere else.
-FRAMEWORK_ADAPTERS = {"shardviz/adapters/physicsnemo.py": frozenset({"_spec", "_local_tensor"})}
-FRAMEWORK_PRIVATE = {"shardviz/adapters/physicsnemo.py": ("_sharding_shapes", "_shared_state")}
+FRAMEWORK_ADAPTERS = {"shardviz/capture/adapters/physicsnemo.py": frozenset({"_spec", "_local_tensor"})}
+FRAMEWORK_PRIVATE = {"shardviz/capture/adapters/physicsnemo.py": ("_sharding_shapes", "_shared_state")}
 FRAMEWORKS = ("physicsnemo",)  # never imported by shardviz: adapters read sys.modules
+
+IMPORTERS = ("importlib.import_module", "import_module", "__import__")
+
+
+def layer_of(rel: str) -> str | None:
+    """The layer of a file of the package, or None for a folder no layer owns."""
+    parts = rel.split("/")
+    if len(parts) == 2:
+        return BASE if rel in BASE_FILES else FRONT
+    return parts[1] if parts[1] in FOLDERS else None
+
+
+def _under_gate(rel: str) -> bool:
+    return rel.startswith(TORCH_GATE)
 
 
 @dataclass(frozen=True)
@@ -84,13 +125,24 @@ class Import:
     text: str  # the statement as written
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
+@dataclass(frozen=True)
+class Edge:
+    source: str  # the importing file
+    line: int
+    text: str
+    target: str  # the imported file of the package
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: `{self.text}` imports {self.target}"
 
 
 def _module_name(rel: str) -> str:
     parts = rel.removesuffix(".py").split("/")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
 
 
 def _is_private(segment: str) -> bool:
@@ -106,10 +158,35 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def _imports(tree: ast.Module, rel: str) -> Iterator[Import]:
+def _source_file(module: str, files: Sources | None = None) -> str | None:
+    """The file of a shardviz module (``shardviz.views`` → ``shardviz/views/__init__.py``), looked up
+    in ``files`` (a planted tree) or on disk."""
+    if module.split(".")[0] != "shardviz":
+        return None
+    base = "/".join(module.split("."))
+    for candidate in (f"{base}.py", f"{base}/__init__.py"):
+        if candidate in files if files is not None else (ROOT / candidate).is_file():
+            return candidate
+    return None
+
+
+def _absolute(name: str, level: int, package: str) -> str:
+    if not level:
+        return name
+    base = package.split(".")
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _constant_str(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _imports(tree: ast.Module, rel: str, files: Sources | None = None) -> Iterator[Import]:
     """Every import of the file, at any depth, with relative imports made absolute.
     ``from m import a`` gives ``m.a`` when ``a`` is a module of the package, else ``m`` itself
-    (and ``m.a`` too for torch, to catch a private name: ``from torch.x import _Private``)."""
+    (and ``m.a`` too for torch, to catch a private name: ``from torch.x import _Private``).
+    ``importlib.import_module("m")`` with a constant name gives ``m``."""
     name = _module_name(rel)
     package = name if rel.endswith("__init__.py") else name.rpartition(".")[0]
     for node in ast.walk(tree):
@@ -118,32 +195,163 @@ def _imports(tree: ast.Module, rel: str) -> Iterator[Import]:
                 yield Import(node.lineno, alias.name, ast.unparse(node))
         elif isinstance(node, ast.ImportFrom):
             text = ast.unparse(node)
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            module = _absolute(node.module or "", node.level, package)
             for alias in node.names:
                 full = f"{module}.{alias.name}"
                 if module.split(".")[0] == "torch":
                     yield Import(node.lineno, module, text)
                     yield Import(node.lineno, full, text)
-                elif _source_file(full) is not None:
+                elif _source_file(full, files) is not None:
                     yield Import(node.lineno, full, text)
                 else:
                     yield Import(node.lineno, module, text)
+        elif isinstance(node, ast.Call) and node.args and ast.unparse(node.func) in IMPORTERS:
+            target = _constant_str(node.args[0])
+            if target:
+                level = len(target) - len(target.lstrip("."))
+                yield Import(node.lineno, _absolute(target.lstrip("."), level, package), ast.unparse(node))
 
 
-def _source_file(module: str) -> Path | None:
-    """The file of a shardviz module (``shardviz.views`` → ``shardviz/views/__init__.py``)."""
-    if module.split(".")[0] != "shardviz":
-        return None
-    base = ROOT.joinpath(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
+# --- the import graph ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Graph:
+    edges: dict[str, list[Edge]]  # file -> its imports of package files (self-imports left out)
+    torch: dict[str, Import]  # file -> its first import of torch, for files that import torch
+
+
+def import_graph(files: Sources) -> Graph:
+    edges: dict[str, list[Edge]] = {}
+    torch: dict[str, Import] = {}
+    for rel in sorted(files):
+        tree = ast.parse(files[rel], filename=rel)
+        out = edges.setdefault(rel, [])
+        for imp in _imports(tree, rel, files):
+            if imp.module.split(".")[0] == "torch":
+                if rel not in torch or imp.line < torch[rel].line:
+                    torch[rel] = imp
+                continue
+            target = _source_file(_deepest_module(imp.module, files), files)
+            if target is not None and target != rel:
+                edge = Edge(rel, imp.line, imp.text, target)
+                if edge not in out:
+                    out.append(edge)
+    return Graph(edges, torch)
+
+
+def _deepest_module(module: str, files: Sources) -> str:
+    """``import shardviz.a.b`` imports the deepest of ``shardviz.a.b``, ``shardviz.a``, ... that exists."""
+    parts = module.split(".")
+    while len(parts) > 1 and _source_file(".".join(parts), files) is None:
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_violations(graph: Graph) -> list[str]:
+    problems = []
+    for rel, edges in graph.edges.items():
+        layer = layer_of(rel)
+        if layer is None:
+            problems.append(
+                f"{rel}: lies in no layer; put it in one of {', '.join(FOLDERS)} (or name its folder here)"
+            )
+            continue
+        for edge in edges:
+            target = layer_of(edge.target)
+            if target is not None and target not in ALLOWED[layer]:
+                may = ", ".join(sorted(ALLOWED[layer])) or "nothing of shardviz"
+                problems.append(f"{edge}: {layer} imports {target} (it may import {may})")
+    return problems
+
+
+def cycles(graph: Graph) -> list[list[Edge]]:
+    """One circle of imports for each group of files that import each other (Tarjan's components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:  # recursion depth is bounded by the package's file count
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for edge in graph.edges.get(node, []):
+            if edge.target not in index:
+                visit(edge.target)
+                low[node] = min(low[node], low[edge.target])
+            elif edge.target in on_stack:
+                low[node] = min(low[node], index[edge.target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.add(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph.edges):
+        if node not in index:
+            visit(node)
+    return [_shortest_cycle(graph, sorted(c)[0], c) for c in sorted(components, key=min)]
+
+
+def _shortest_cycle(graph: Graph, start: str, within: set[str]) -> list[Edge]:
+    paths: dict[str, list[Edge]] = {start: []}
+    todo = [start]
+    while todo:
+        node = todo.pop(0)
+        for edge in graph.edges.get(node, []):
+            if edge.target == start:
+                return [*paths[node], edge]
+            if edge.target in within and edge.target not in paths:
+                paths[edge.target] = [*paths[node], edge]
+                todo.append(edge.target)
+    raise AssertionError(f"{start} is in a component but on no circle")
+
+
+def cycle_violations(graph: Graph) -> list[str]:
+    problems = []
+    for cycle in cycles(graph):
+        files = " → ".join([e.source for e in cycle] + [cycle[0].source])
+        problems.append(f"circle {files}:\n" + "\n".join(f"      {e}" for e in cycle))
+    return problems
+
+
+def torch_chain(graph: Graph, start: str) -> list[Edge] | None:
+    """The shortest chain of imports from ``start`` to a file that imports torch, if any."""
+    paths: dict[str, list[Edge]] = {start: []}
+    todo = [start]
+    while todo:
+        node = todo.pop(0)
+        if node in graph.torch:
+            return paths[node]
+        for edge in graph.edges.get(node, []):
+            if edge.target not in paths:
+                paths[edge.target] = [*paths[node], edge]
+                todo.append(edge.target)
     return None
+
+
+def torch_reach_violations(graph: Graph) -> list[str]:
+    problems = []
+    for rel in graph.edges:
+        if layer_of(rel) not in TORCH_FREE:
+            continue
+        chain = torch_chain(graph, rel)
+        if chain is not None:
+            last = chain[-1].target if chain else rel
+            imp = graph.torch[last]
+            steps = [str(e) for e in chain] + [f"{last}:{imp.line}: `{imp.text}` imports {imp.module}"]
+            problems.append(f"{rel} reaches torch:\n" + "\n".join(f"      {s}" for s in steps))
+    return problems
+
+
+# --- private torch ------------------------------------------------------------------------------
 
 
 def _torch_names(tree: ast.Module) -> dict[str, str]:
@@ -176,19 +384,15 @@ def _own_receiver(node: ast.expr) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
-def _constant_str(node: ast.expr) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
 def _private_attribute(name: str) -> bool:
     return name in PRIVATE_TORCH_ATTRIBUTES or name.startswith("_get_")
 
 
 def private_torch_uses(source: str, rel: str, allowed: frozenset[str] = frozenset()) -> list[str]:
-    """Where a module touches private torch: imports, ``torch._x`` / ``torch.ops._x`` chains
-    (through any name bound to torch), private attributes of torch objects (also through
-    ``getattr``), and ``importlib.import_module("torch._x")``. ``allowed``: attribute names the
-    module reads on another framework's objects."""
+    """Where a module touches private torch: imports (``importlib.import_module("torch._x")`` too),
+    ``torch._x`` / ``torch.ops._x`` chains (through any name bound to torch), and private attributes
+    of torch objects (also through ``getattr``). ``allowed``: attribute names the module reads on
+    another framework's objects."""
     tree = ast.parse(source, filename=rel)
     found = []
     for imp in _imports(tree, rel):
@@ -203,16 +407,20 @@ def private_torch_uses(source: str, rel: str, allowed: frozenset[str] = frozense
                 found.append(f"{at} reaches private torch `{'.'.join([bound[chain[0]], *chain[1:]])}`")
             elif _private_attribute(node.attr) and not _own_receiver(node.value) and node.attr not in allowed:
                 found.append(f"{at} reads the private torch attribute `{node.attr}`")
-        elif isinstance(node, ast.Call) and node.args:
+        elif isinstance(node, ast.Call) and len(node.args) > 1:
             func = ast.unparse(node.func)
-            name = _constant_str(node.args[1]) if len(node.args) > 1 else None
+            name = _constant_str(node.args[1])
             if func in ("getattr", "hasattr", "setattr", "delattr") and name and _private_attribute(name):
                 found.append(f"{at} reads the private torch attribute `{name}`")
-            module = _constant_str(node.args[0])
-            importer = func in ("importlib.import_module", "import_module", "__import__")
-            if importer and module and _private_torch(module):
-                found.append(f"{at} imports private torch `{module}`")
     return found
+
+
+def private_torch_violations(files: Sources) -> list[str]:
+    problems = []
+    for rel in sorted(files):
+        if not _under_gate(rel):
+            problems += private_torch_uses(files[rel], rel, FRAMEWORK_ADAPTERS.get(rel, frozenset()))
+    return problems
 
 
 def forbidden_imports(source: str, rel: str, forbidden: tuple[str, ...]) -> list[tuple[int, str, str]]:
@@ -221,9 +429,9 @@ def forbidden_imports(source: str, rel: str, forbidden: tuple[str, ...]) -> list
     return [(i.line, i.text, i.module) for i in _imports(tree, rel) if _under(i.module, forbidden)]
 
 
-# Modules allowed to read torch's frames: the gate, and the traceback explainer (whose whole job
-# is recognising torch's frames by file, function and locals; test-compat runs it on new torch).
-TORCH_LAYOUT_READERS = (TORCH_GATE, "shardviz/explain.py")
+# The traceback explainer may read torch's frames too: its whole job is recognising torch's frames
+# by file, function and locals (test-compat runs it on new torch).
+TORCH_LAYOUT_READERS = ("shardviz/capture/explain.py",)
 
 
 def torch_layout_uses(source: str, rel: str) -> list[str]:
@@ -238,12 +446,9 @@ def torch_layout_uses(source: str, rel: str) -> list[str]:
     return found
 
 
-def _sources() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
+def _package() -> dict[str, str]:
+    paths = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+    return {_rel(p): p.read_text(encoding="utf-8") for p in paths}
 
 
 def _fail(problems: list[str], rule: str) -> None:
@@ -251,59 +456,247 @@ def _fail(problems: list[str], rule: str) -> None:
         pytest.fail(f"{rule}:\n" + "\n".join(f"  {p}" for p in problems), pytrace=False)
 
 
-# --- the rules ----------------------------------------------------------------------------------
+LAYER_RULE = (
+    "an import goes against the layers (README.md, Architecture); move the code or pass plain data down"
+)
+CYCLE_RULE = "files import each other in a circle; move what both need into a lower module"
+TORCH_RULE = (
+    "views/, geometry/ and data/ must not reach torch, even through another module; "
+    "convert torch objects to plain data in capture/ and hand that down"
+)
+PRIVATE_RULE = f"private torch is used outside {TORCH_GATE}; add a small named function there and call it"
 
 
-def test_private_torch_only_in_the_gate():
+# --- the rules, on the package ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def package() -> dict[str, str]:
+    return _package()
+
+
+@pytest.fixture(scope="module")
+def graph(package: dict[str, str]) -> Graph:
+    return import_graph(package)
+
+
+def test_every_file_lies_in_a_layer(package):
+    assert set(ALLOWED) == {*FOLDERS, FRONT, BASE}
+    _fail([rel for rel in package if layer_of(rel) is None], f"files outside the layers {FOLDERS}")
+    assert (PACKAGE / "capture" / "torch").is_dir() and all((PACKAGE / f).is_dir() for f in FOLDERS)
+
+
+def test_imports_go_down_the_layers(graph):
+    _fail(layer_violations(graph), LAYER_RULE)
+
+
+def test_no_circle_between_files(graph):
+    _fail(cycle_violations(graph), CYCLE_RULE)
+
+
+def test_views_geometry_and_data_never_reach_torch(graph):
+    _fail(torch_reach_violations(graph), TORCH_RULE)
+
+
+def test_private_torch_only_in_the_gate(package):
+    _fail(private_torch_violations(package), PRIVATE_RULE)
+
+
+def test_frameworks_are_never_imported(package):
     problems = []
-    for path in _sources():
-        rel = _rel(path)
-        if rel != TORCH_GATE:
-            problems += private_torch_uses(_read(path), rel, FRAMEWORK_ADAPTERS.get(rel, frozenset()))
-    _fail(
-        problems,
-        f"private torch is used outside {TORCH_GATE}; add a small named function there and call it",
-    )
-
-
-def test_frameworks_are_never_imported():
-    problems = []
-    for path in _sources():
-        rel = _rel(path)
-        for line, text, module in forbidden_imports(_read(path), rel, FRAMEWORKS):
+    for rel, source in package.items():
+        for line, text, module in forbidden_imports(source, rel, FRAMEWORKS):
             problems.append(f"{rel}:{line}: `{text}` imports `{module}`")
     _fail(problems, "shardviz imports a framework it adapts to; its adapter reads it from sys.modules")
 
 
-def test_adapters_load_only_when_their_framework_does():
+def test_adapters_load_only_when_their_framework_does(package):
     adapters = {_module_name(rel) for rel in FRAMEWORK_ADAPTERS}
     problems = []
-    for path in _sources():
-        rel = _rel(path)
-        for line, text, module in forbidden_imports(_read(path), rel, tuple(adapters)):
+    for rel, source in package.items():
+        for line, text, module in forbidden_imports(source, rel, tuple(adapters)):
             if rel not in FRAMEWORK_ADAPTERS:
                 problems.append(f"{rel}:{line}: `{text}` imports `{module}`")
-    _fail(problems, "a framework adapter is imported directly; shardviz.adapters loads it on demand")
+    _fail(problems, "a framework adapter is imported directly; shardviz.capture.adapters loads it on demand")
 
 
-def test_framework_privates_only_in_their_adapter():
+def test_framework_privates_only_in_their_adapter(package):
     problems = []
-    for path in _sources():
-        rel = _rel(path)
-        source = _read(path)
+    for rel, source in package.items():
         for owner, names in FRAMEWORK_PRIVATE.items():
             if rel != owner:
                 problems += [f"{rel}: reads `{n}` (only {owner} may)" for n in names if n in source]
     _fail(problems, "a framework's private attributes are read outside its adapter")
 
 
-def test_torch_layout_only_in_the_gate():
+def test_torch_layout_only_in_the_gate(package):
     problems = []
-    for path in _sources():
-        rel = _rel(path)
-        if rel not in TORCH_LAYOUT_READERS:
-            problems.extend(torch_layout_uses(_read(path), rel))
-    _fail(problems, "torch's frames and private files are read outside shardviz/_torch.py")
+    for rel, source in package.items():
+        if not _under_gate(rel) and rel not in TORCH_LAYOUT_READERS:
+            problems.extend(torch_layout_uses(source, rel))
+    _fail(problems, f"torch's frames and private files are read outside {TORCH_GATE}")
+
+
+def test_the_named_files_exist(package):
+    for rel in (*BASE_FILES, *TORCH_LAYOUT_READERS, *FRAMEWORK_ADAPTERS):
+        assert rel in package, f"{rel} is named by this test but does not exist"
+    assert any(_under_gate(rel) for rel in package), f"{TORCH_GATE} is named by this test but holds no module"
+
+
+# --- the checks catch what they are for: planted trees -----------------------------------------
+
+
+def _messages(problems: list[str]) -> str:
+    return "\n".join(problems)
+
+
+def test_an_upward_import_is_caught():
+    tree = {
+        "shardviz/data/trace.py": "from ..backends.session import current\n",
+        "shardviz/backends/session.py": "from ..data import events\n",
+        "shardviz/data/events.py": "X = 1\n",
+        "shardviz/data/__init__.py": "",
+        "shardviz/backends/__init__.py": "",
+    }
+    problems = layer_violations(import_graph(tree))
+    assert problems == [
+        "shardviz/data/trace.py:1: `from ..backends.session import current` imports "
+        "shardviz/backends/session.py: data imports backends "
+        "(it may import data, errors.py/_version.py, geometry)"
+    ]
+
+
+def test_a_lazy_or_type_checking_import_counts():
+    tree = {
+        "shardviz/geometry/mesh.py": "def f():\n    from ..views import widgets\n",
+        "shardviz/views/widgets.py": "",
+        "shardviz/capture/job.py": "if TYPE_CHECKING:\n    from shardviz.show import show\n",
+        "shardviz/show.py": "",
+        "shardviz/errors.py": "import shardviz._version\n",
+        "shardviz/_version.py": "",
+    }
+    problems = _messages(layer_violations(import_graph(tree)))
+    assert (
+        "shardviz/geometry/mesh.py:2: `from ..views import widgets` imports shardviz/views/widgets.py"
+        in problems
+    )
+    assert "shardviz/capture/job.py:2: `from shardviz.show import show` imports shardviz/show.py" in problems
+    assert "capture imports front ends" in problems
+    assert "shardviz/errors.py:1: `import shardviz._version` imports shardviz/_version.py" in problems
+    assert (
+        "errors.py/_version.py imports errors.py/_version.py (it may import nothing of shardviz)" in problems
+    )
+
+
+def test_a_view_importing_a_front_end_or_a_backend_is_caught():
+    tree = {
+        "shardviz/views/player.py": "from .. import show\nimport shardviz.backends.session\n",
+        "shardviz/show.py": "from .views import player\n",
+        "shardviz/backends/session.py": "",
+    }
+    problems = _messages(layer_violations(import_graph(tree)))
+    assert (
+        "shardviz/views/player.py:1: `from .. import show` imports shardviz/show.py: views imports front ends"
+        in problems
+    )
+    assert "views imports backends" in problems
+    assert "shardviz/show.py" not in problems.replace(
+        "imports shardviz/show.py", ""
+    )  # front -> views is fine
+
+
+def test_a_file_outside_the_layers_is_caught():
+    problems = layer_violations(import_graph({"shardviz/misc/tools.py": "import os\n"}))
+    assert problems == [
+        "shardviz/misc/tools.py: lies in no layer; put it in one of "
+        "examples, backends, capture, data, geometry, views (or name its folder here)"
+    ]
+
+
+def test_a_three_file_circle_is_caught_and_printed():
+    tree = {
+        "shardviz/data/a.py": "from . import b\n",
+        "shardviz/data/b.py": "def f():\n    from .c import g\n",
+        "shardviz/data/c.py": "if TYPE_CHECKING:\n    import shardviz.data.a\n",
+        "shardviz/data/d.py": "from . import a\n",  # imports the circle but is not on it
+    }
+    graph = import_graph(tree)
+    assert layer_violations(graph) == []
+    problems = cycle_violations(graph)
+    assert len(problems) == 1
+    head, *lines = problems[0].splitlines()
+    assert head == "circle shardviz/data/a.py → shardviz/data/b.py → shardviz/data/c.py → shardviz/data/a.py:"
+    assert [line.strip() for line in lines] == [
+        "shardviz/data/a.py:1: `from . import b` imports shardviz/data/b.py",
+        "shardviz/data/b.py:2: `from .c import g` imports shardviz/data/c.py",
+        "shardviz/data/c.py:2: `import shardviz.data.a` imports shardviz/data/a.py",
+    ]
+
+
+def test_a_package_importing_itself_is_no_circle():
+    tree = {
+        "shardviz/data/__init__.py": "from . import x\nfrom .trace import T\n",
+        "shardviz/data/trace.py": "",
+    }
+    assert cycle_violations(import_graph(tree)) == []
+
+
+def test_a_view_reaching_torch_through_a_lazy_import_is_caught():
+    tree = {
+        "shardviz/views/mpl.py": "from ..data.cost import summary\n",
+        "shardviz/data/cost.py": "from .load import read\n",
+        "shardviz/data/load.py": "def read(path):\n    import torch\n    return torch.load(path)\n",
+        "shardviz/geometry/mesh.py": "import numpy\n",
+    }
+    problems = torch_reach_violations(import_graph(tree))
+    assert problems[0].splitlines() == [
+        "shardviz/data/cost.py reaches torch:",
+        "      shardviz/data/cost.py:1: `from .load import read` imports shardviz/data/load.py",
+        "      shardviz/data/load.py:2: `import torch` imports torch",
+    ]
+    assert problems[2].splitlines() == [
+        "shardviz/views/mpl.py reaches torch:",
+        "      shardviz/views/mpl.py:1: `from ..data.cost import summary` imports shardviz/data/cost.py",
+        "      shardviz/data/cost.py:1: `from .load import read` imports shardviz/data/load.py",
+        "      shardviz/data/load.py:2: `import torch` imports torch",
+    ]
+    assert len(problems) == 3  # cost, load, mpl; not the torch-free mesh
+    assert "shardviz/data/load.py reaches torch:" in problems[1]
+
+
+def test_a_view_reaching_torch_through_importlib_is_caught():
+    tree = {
+        "shardviz/views/html.py": "import importlib\nm = importlib.import_module('shardviz.data.raw')\n",
+        "shardviz/data/raw.py": "if TYPE_CHECKING:\n    from torch import Tensor\n",
+    }
+    problems = torch_reach_violations(import_graph(tree))
+    assert any(p.startswith("shardviz/views/html.py reaches torch:") for p in problems), problems
+    assert "shardviz/data/raw.py:2: `from torch import Tensor` imports torch" in _messages(problems)
+
+
+def test_capture_and_backends_may_import_torch():
+    tree = {
+        "shardviz/capture/layouts.py": "import torch\n",
+        "shardviz/backends/local.py": "from ..capture import layouts\n",
+    }
+    graph = import_graph(tree)
+    assert torch_reach_violations(graph) == [] and layer_violations(graph) == []
+
+
+def test_private_torch_in_backends_is_caught():
+    tree = {
+        "shardviz/backends/local.py": "from torch.distributed._local_tensor import LocalTensorMode\n",
+        "shardviz/backends/rank.py": "def f(dt):\n    return dt._local_tensor\n",
+        "shardviz/capture/torch/local.py": "from torch.distributed._local_tensor import LocalTensorMode\n",
+        "shardviz/capture/torch/__init__.py": "import torch\nx = torch._C\n",
+    }
+    assert private_torch_violations(tree) == [
+        "shardviz/backends/local.py:1: `from torch.distributed._local_tensor import LocalTensorMode` "
+        "imports private torch `torch.distributed._local_tensor`",
+        "shardviz/backends/local.py:1: `from torch.distributed._local_tensor import LocalTensorMode` "
+        "imports private torch `torch.distributed._local_tensor.LocalTensorMode`",
+        "shardviz/backends/rank.py:2: `dt._local_tensor` reads the private torch attribute `_local_tensor`",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -316,52 +709,6 @@ def test_torch_layout_only_in_the_gate():
 )
 def test_torch_layout_is_caught(source):
     assert torch_layout_uses(source, "shardviz/example.py") != []
-
-
-def test_views_do_not_import_torch():
-    problems = []
-    for path in sorted((PACKAGE / "views").rglob("*.py")):
-        rel = _rel(path)
-        for line, text, module in forbidden_imports(_read(path), rel, NOT_FOR_VIEWS):
-            problems.append(f"{rel}:{line}: `{text}` imports `{module}`")
-    _fail(problems, "the views read plain data only, but import torch")
-
-
-def test_plain_data_modules_stay_plain():
-    problems: dict[tuple[str, int, str], str] = {}  # one per offending import, by its shortest chain
-    for root in PLAIN_DATA:
-        # Every shardviz module the plain-data module imports, at any depth, by the import chain.
-        chains = {root: [root]}
-        todo = [root]
-        while todo:
-            rel = todo.pop()
-            tree = ast.parse(_read(ROOT / rel), filename=rel)
-            for imp in _imports(tree, rel):
-                via = " → ".join(chains[rel])
-                if _under(imp.module, NOT_FOR_PLAIN_DATA):
-                    key = (rel, imp.line, imp.module)
-                    if key not in problems or len(chains[rel]) < problems[key].count("→") + 1:
-                        problems[key] = f"{rel}:{imp.line}: `{imp.text}` imports `{imp.module}` (via {via})"
-                    continue
-                target = _source_file(imp.module)
-                if target is None or imp.module == "shardviz":  # the package runs first anyway
-                    continue
-                trel = _rel(target)
-                if trel not in chains:
-                    chains[trel] = [*chains[rel], trel]
-                    todo.append(trel)
-    _fail(
-        [problems[k] for k in sorted(problems)],
-        "a plain-data module imports torch, the recorder, the backends or the views",
-    )
-
-
-def test_the_plain_data_list_is_current():
-    for rel in (*PLAIN_DATA, TORCH_GATE):
-        assert (ROOT / rel).is_file(), f"{rel} is named by this test but does not exist"
-
-
-# --- the checks catch what they are for ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -402,14 +749,8 @@ def test_public_torch_passes(source):
     assert private_torch_uses(source, "shardviz/example.py") == []
 
 
-def test_forbidden_imports_are_found_at_any_depth():
-    source = "def f():\n    import torch\n\nif TYPE_CHECKING:\n    from ..recorder import Recorder\n"
-    found = forbidden_imports(source, "shardviz/views/example.py", NOT_FOR_PLAIN_DATA)
-    assert [(line, module) for line, _, module in found] == [(2, "torch"), (5, "shardviz.recorder")]
-
-
 def test_an_adapter_may_read_its_frameworks_attributes_and_nothing_more():
-    adapter = "shardviz/adapters/physicsnemo.py"
+    adapter = "shardviz/capture/adapters/physicsnemo.py"
     allowed = FRAMEWORK_ADAPTERS[adapter]
     assert private_torch_uses("def f(st):\n    return st._spec, st._local_tensor", adapter, allowed) == []
     # torch's own privates stay the gate's, in the adapter too

@@ -16,19 +16,20 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
 )
 
 import shardviz as sv
-from shardviz import _torch, backends
-from shardviz.recorder import Recorder
-from shardviz.trace import Trace
+from shardviz.backends import session
+from shardviz.capture import torch as _torch
+from shardviz.capture.recorder import Recorder
+from shardviz.data.trace import Trace
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _no_process_group_of_shardviz():
     # The harness initialises the default process group itself: one left by an earlier test's
     # sv.use would make it fail ("initialize the default process group twice").
-    previous = backends.peek()
+    previous = session.peek()
     if previous is not None:
         previous.close()
-        backends.install(None)
+        session.install(None)
 
 
 class AttachTest(DTensorTestBase):
@@ -40,7 +41,7 @@ class AttachTest(DTensorTestBase):
     def test_record_attaches_to_the_harness(self) -> None:
         mode, pg = _torch.active_local_mode(), dist.group.WORLD
         modes_before = _torch.dispatch_mode_stack()
-        backend_before = backends.peek()
+        backend_before = session.peek()
         mesh = self.build_device_mesh()
         dt = distribute_tensor(torch.arange(16.0), mesh, [Shard(0)])
 
@@ -63,7 +64,7 @@ class AttachTest(DTensorTestBase):
         assert _torch.active_local_mode() is mode
         assert dist.group.WORLD is pg and dist.get_world_size() == 8
         assert _torch.dispatch_mode_stack() == modes_before
-        assert backends.peek() is backend_before
+        assert session.peek() is backend_before
         assert sv.per_rank(lambda rank: torch.tensor([rank])).shape == (1,)  # still this harness's world
 
     @with_comms

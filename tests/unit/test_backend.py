@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch, backends
+from shardviz.backends import choose, session
+from shardviz.capture import torch as _torch
 from shardviz.errors import BackendError, WorldSizeError
 
 
@@ -26,26 +27,26 @@ def test_use_sets_up_a_fake_group_and_no_mode():
 
 def test_same_arguments_are_a_no_op_other_arguments_rebuild():
     sv.use("local", world_size=4)
-    before = backends.current()
+    before = choose.current()
     sv.use("local", world_size=4)
-    assert backends.current() is before
+    assert choose.current() is before
     sv.use("local", world_size=2)
-    assert backends.current() is not before and dist.get_world_size() == 2
+    assert choose.current() is not before and dist.get_world_size() == 2
     sv.use("local", world_size=4)
 
 
 def test_default_is_local_4():
-    backends.current().close()
-    backends.install(None)
+    choose.current().close()
+    session.install(None)
     assert sv.device_type() == "cpu"
-    assert backends.current().key() == ("local", 4)
+    assert choose.current().key() == ("local", 4)
 
 
 def test_restart_rebuilds_same_size():
     sv.use("local", world_size=3)
-    old = backends.current()
+    old = choose.current()
     sv.restart()
-    assert backends.current() is not old and backends.current().world_size == 3
+    assert choose.current() is not old and choose.current().world_size == 3
     assert dist.get_world_size() == 3
     sv.use("local", world_size=4)
 
@@ -111,7 +112,7 @@ def test_mesh_coordinates_are_kept_from_cell_to_cell():
         distribute_tensor(torch.arange(8.0), mesh, [Shard(0), Shard(0)])
         tp = mesh["tp"]
         distribute_tensor(torch.arange(8.0), tp, [Shard(0)])
-    cache = backends.current()._mode._coordinate_cache
+    cache = choose.current()._mode._coordinate_cache
     kept = dict(cache)
     assert len(kept) >= 2  # the mesh and its tp slice
     with sv.record():
@@ -162,8 +163,8 @@ def test_an_inner_mode_of_another_size_is_refused():
 
 def test_foreign_process_group_is_not_clobbered():
     sv.use("local", world_size=4)
-    backends.current().close()
-    backends.install(None)
+    choose.current().close()
+    session.install(None)
     dist.init_process_group("fake", rank=0, world_size=3)
     try:
         with pytest.raises(BackendError, match="already initialized"):
@@ -171,7 +172,7 @@ def test_foreign_process_group_is_not_clobbered():
         sv.use("local", world_size=3)  # a matching fake group is adopted
         assert dist.get_world_size() == 3
     finally:
-        backends.install(None)
+        session.install(None)
         dist.destroy_process_group()
     sv.use("local", world_size=4)
 

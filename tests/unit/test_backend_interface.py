@@ -3,26 +3,48 @@ through it, and the backends never load the IPython front end. No cluster is sta
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
+import pkgutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from test_architecture import PACKAGE, ROOT, forbidden_imports
 
 import shardviz as sv
-from shardviz import backends
+import shardviz.backends
+from shardviz.backends import session
 from shardviz.backends.base import Backend
 from shardviz.backends.cluster import ClusterBackend
 from shardviz.backends.local import LocalBackend
 from shardviz.backends.rank import RankBackend
 from shardviz.backends.threads import ThreadsBackend
 from shardviz.errors import BackendError
+from shardviz.magics import ShardvizMagics
 
-BACKENDS = [LocalBackend, ClusterBackend, RankBackend, ThreadsBackend]
+# The interface, read from the Protocol itself: its methods and its annotated attributes.
 METHODS = sorted(n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_"))
+ATTRIBUTES = sorted(Backend.__annotations__)
+
+
+def _backend_classes() -> list[type]:
+    """Every ``*Backend`` class defined in ``shardviz.backends`` (any module, any depth)."""
+    found: dict[str, type] = {}
+    for info in pkgutil.walk_packages(shardviz.backends.__path__, "shardviz.backends."):
+        for name, obj in vars(importlib.import_module(info.name)).items():
+            ours = inspect.isclass(obj) and obj.__module__.startswith("shardviz.backends.")
+            if ours and obj is not Backend and name.endswith("Backend"):
+                found[f"{obj.__module__}.{name}"] = obj
+    return [found[k] for k in sorted(found)]
+
+
+BACKENDS = _backend_classes()
 
 
 def _parameters(fn):
@@ -30,19 +52,77 @@ def _parameters(fn):
     return [(p.name, p.kind) for p in params[1:]]  # without self
 
 
+def test_the_backends_are_found():
+    for cls in (LocalBackend, ClusterBackend, RankBackend, ThreadsBackend):
+        assert cls in BACKENDS
+    assert len(METHODS) >= 5 and {"name", "world_size", "simulated"} <= set(ATTRIBUTES)
+
+
+class _Probe:
+    """A backend that is the Protocol and nothing more: it notes which members the front ends ask
+    for, and refuses any other (a front end needing more than the Protocol fails here)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or (name not in METHODS and name not in ATTRIBUTES):
+            raise AttributeError(
+                f"a front end asked the backend for {name!r}, which the Backend protocol lacks"
+            )
+        self.asked.append(name)
+        plain = {"name": "probe", "world_size": 2, "simulated": True}
+        if name in plain:
+            return plain[name]
+        return getattr(self, f"_{name}")
+
+    def _key(self) -> tuple[Any, ...]:
+        return ("probe",)
+
+    def _device_type(self) -> str:
+        return "cpu"
+
+    def _close(self) -> None:
+        return None
+
+    def _restart(self) -> _Probe:
+        return self
+
+    @contextlib.contextmanager
+    def _record(self, values: str | int, memory: Any) -> Iterator[str]:
+        yield "recorded"
+
+    def _run(self, fn: Any, args: Any, kwargs: Any, **options: Any) -> str:
+        return "ran"
+
+    def _per_rank(self, fn: Any) -> str:
+        return "per rank"
+
+    def _run_cell(self, cell: str, shell: Any, values: Any = None) -> str:
+        return "cell"
+
+    def _show(self, obj: Any, **options: Any) -> str:
+        return "shown"
+
+
 def test_the_interface_is_the_one_callers_need():
-    assert METHODS == [
-        "close",
-        "device_type",
-        "key",
-        "per_rank",
-        "record",
-        "restart",
-        "run",
-        "run_cell",
-        "show",
-    ]
-    assert {"name", "world_size", "simulated"} <= set(Backend.__annotations__)
+    """Each Protocol method is reached from the public front ends, and they need nothing else."""
+    sv.use("local", world_size=4)  # the simulator the probe stands in for, and its process group
+    probe = _Probe()
+    with session.swapped(probe):  # type: ignore[arg-type]
+        with sv.record() as trace:
+            assert trace == "recorded"
+        assert sv.run(lambda: None) == "ran"
+        assert sv.per_rank(lambda rank: rank) == "per rank"
+        assert sv.show("x") == "shown"
+        assert sv.device_type() == "cpu"
+        assert ShardvizMagics(None).spmd("", "x = 1") == "cell"
+        assert sv.restart() is probe
+        sv.use("local", world_size=4)  # another key than the probe's: the probe is closed
+        built = session.peek()
+        assert isinstance(built, LocalBackend) and built is not probe
+        built.close()
+    assert sorted(set(probe.asked)) == METHODS
 
 
 @pytest.mark.parametrize("cls", BACKENDS, ids=lambda c: c.__name__)
@@ -76,7 +156,7 @@ def test_real_backends_refuse_what_only_the_simulator_does(cls):
     def fn(*args):
         return torch.ones(1)
 
-    with backends.swapped(backend):
+    with session.swapped(backend):
         refused = "record\\(\\) runs code in this process, which the 'gloo'"
         with pytest.raises(BackendError, match=refused), sv.record():
             pass
@@ -97,12 +177,12 @@ def test_sv_show_asks_the_current_backend():
         def show(self, obj, **options):
             return ("drawn", obj, options)
 
-    with backends.swapped(Drawing()):
+    with session.swapped(Drawing()):
         assert sv.show("x", title="t") == ("drawn", "x", {"title": "t"})
 
 
 def test_no_module_but_the_extension_hook_imports_the_ipython_front_end():
-    """Backends, compare and record reach cells through ``shardviz.cells``, not ``magics``, so
+    """Backends, compare and record reach cells through ``shardviz.backends.cells``, not ``magics``, so
     that nothing below the front end loads IPython (and backends → magics → compare → record →
     backends is no cycle)."""
     problems = []
@@ -118,7 +198,8 @@ def test_no_module_but_the_extension_hook_imports_the_ipython_front_end():
 def test_importing_the_backends_loads_no_ipython():
     code = (
         "import sys\n"
-        "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster, shardviz.cells\n"
+        "import shardviz.backends, shardviz.backends.rank, shardviz.backends.cluster\n"
+        "import shardviz.backends.cells\n"
         "import shardviz.backends.threads\n"
         "print(sorted(m for m in sys.modules if m == 'shardviz.magics' or m.split('.')[0] == 'IPython'))"
     )

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardviz as sv
-from shardviz import cost
+from shardviz.data import cost
 
 
 def test_factors_and_steps():
@@ -45,8 +45,8 @@ def test_summary_of_a_trace():
     assert s.by_mesh_dim == {"tp": (1024, ar.seconds), "dp": (1024, ag.seconds)}
     text = str(s)
     assert text.splitlines()[0] == "Communication on test (alpha 1.0 us, beta 1 GB/s)"
-    assert "all_reduce  tp        -       2x2    1.00 KiB    1.00 KiB        3.0 us" in text
-    assert "total: 2.00 KiB bus bytes per rank, 5.0 us" in text
+    assert "all_reduce  tp        -       2x2    1 KiB       1 KiB           3.0 us" in text
+    assert "total: 2 KiB bus bytes per rank, 5.0 us" in text
     assert ar.as_dict()["op"] == "all_reduce"
 
 

@@ -5,7 +5,7 @@ rank (uneven shards) are each named with their ranks."""
 from __future__ import annotations
 
 import shardviz as sv
-from shardviz.trace import LocalEvent
+from shardviz.data.events import LocalEvent
 
 WORLD = 1 << 20
 

@@ -27,9 +27,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 import shardviz as sv
+from shardviz.capture.numerics_hooks import NumericsBudgetError
 from shardviz.errors import BackendError
 from shardviz.examples.llama import ModelArgs, Transformer, parallelize
-from shardviz.numerics_capture import NumericsBudgetError
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,11 +11,12 @@ import warnings
 import pytest
 
 import shardviz as sv
-from shardviz import flight
+from shardviz.data import flight
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
+from shardviz.data.load import PartialTraceWarning, rank_path
+from shardviz.data.merge import SequenceMismatchError, merge
+from shardviz.data.trace import Trace
 from shardviz.errors import TraceFileError
-from shardviz.job import PartialTraceWarning, rank_path
-from shardviz.merge import SequenceMismatchError, merge
-from shardviz.trace import CollectiveEvent, Source, TensorSnapshot, Trace
 
 pytestmark = pytest.mark.timeout(60)
 

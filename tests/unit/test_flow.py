@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import flow
-from shardviz.trace import TensorSnapshot
+from shardviz.data import flow
+from shardviz.data.events import TensorSnapshot
 
 
 def rank_values(shape, dtype=torch.float32):

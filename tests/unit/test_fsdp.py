@@ -13,7 +13,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -276,7 +277,7 @@ def test_a_gradient_divide_factor_runs_in_the_simulation_without_a_recorder():
     plain = mlp()
     batches = [torch.randn(3, 8) for _ in range(4)]
     model = copy.deepcopy(plain)
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         mesh = init_device_mesh("cpu", (4,))
         for m in (model[0], model[2], model):
             fully_shard(m, mesh=mesh)
@@ -287,3 +288,46 @@ def test_a_gradient_divide_factor_runs_in_the_simulation_without_a_recorder():
     for name, p in plain.named_parameters():
         for r, g in _torch.local_tensors(grads[name]).items():
             torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-5, msg=f"{name} rank {r}")
+
+
+OUTSIDE = """
+import torch, shardviz as sv
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from shardviz.capture import torch as _torch
+from shardviz.errors import BackendError
+
+sv.use("local", world_size=2)
+torch.manual_seed(0)
+plain = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+model.load_state_dict(plain.state_dict())
+x = torch.arange(12.0).reshape(3, 4)
+with sv.record():
+    mesh = init_device_mesh("cpu", (2,))
+    for m in model:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model(x)
+try:
+    model(x)
+except BackendError as e:
+    print("refused:", "inside the simulation" in str(e) and "sv.record" in str(e))
+with sv.record():
+    out = model(x)
+want = plain(x).detach()
+print("inside again:", all(torch.allclose(t.detach(), want) for t in _torch.local_tensors(out).values()))
+"""
+
+
+def test_an_fsdp2_module_sharded_in_the_simulation_is_refused_outside_it_not_a_crash():
+    # Sharded inside sv.record, called outside any: torch's storage resize cannot act on a
+    # simulated rank's tensor, and the all-gather then wrote into freed memory (exit -11). In a
+    # process of its own, so that a crash fails this test, not the whole run.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", OUTSIDE], capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: True" in done.stdout and "inside again: True" in done.stdout, done.stdout

@@ -18,9 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.mesh import dim_groups
-from shardviz.placement import parse
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
+from shardviz.geometry.mesh import dim_groups
+from shardviz.geometry.placement import parse
 
 MESHES = [(1,), (2,), (3,), (4,), (8,), (2, 2), (1, 3), (3, 2), (2, 4), (2, 2, 2), (2, 1, 3)]
 _meshes: dict[tuple[int, ...], object] = {}
@@ -39,11 +40,11 @@ def get_mesh(shape):
 class _Cached:
     def __init__(self, mesh):
         self.mesh = mesh
-        self.ws = sv.backends.current().world_size
-        self.backend = sv.backends.current()
+        self.ws = choose.current().world_size
+        self.backend = choose.current()
 
     def _alive(self):
-        return sv.backends.current() is self.backend
+        return choose.current() is self.backend
 
 
 def placement_strategy(ndim: int):

@@ -3,7 +3,7 @@
 import pytest
 
 import shardviz as sv
-from shardviz.layout import Layout
+from shardviz.geometry.layout import Layout
 
 
 def shapes(layout):

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 from shardviz.examples.llama import ModelArgs, Transformer, parallelize
 
 pytestmark = pytest.mark.timeout(240)

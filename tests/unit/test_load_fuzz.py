@@ -1,5 +1,5 @@
 """Fuzzing the loaders: every input made from a real file (a recorded trace, a job folder of rank
-files, gloo Flight Recorder dumps written by ``shardviz.flight.dump``) and then damaged — bit
+files, gloo Flight Recorder dumps written by ``shardviz.capture.flight.dump``) and then damaged — bit
 flips, truncation, type swaps, huge and negative numbers, deep nesting, ``.npy`` headers that lie,
 zip bombs, duplicated and missing ranks — either loads (and prints, as ``python -m shardviz
 summary`` does) or raises a ShardvizError, within a time budget and a memory bound.
@@ -31,8 +31,9 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz.__main__ import main as cli
-from shardviz.job import PartialTraceWarning, rank_path
-from shardviz.trace import CollectiveEvent, Source, TensorSnapshot, Trace
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
+from shardviz.data.load import PartialTraceWarning, rank_path
+from shardviz.data.trace import Trace
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -60,7 +61,7 @@ def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def make_seeds(folder: Path) -> dict[str, Any]:
     """The real files: two recorded traces (one with results, one with a memory timeline), a job
-    folder's rank files, and Flight Recorder dumps (gloo, written by shardviz.flight.dump in a real
+    folder's rank files, and Flight Recorder dumps (gloo, written by shardviz.capture.flight.dump in a real
     3-rank job; NCCL-style, with pg_config and stacks)."""
     sv.use("local", world_size=4)
     folder.mkdir(parents=True, exist_ok=True)

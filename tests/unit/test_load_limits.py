@@ -19,11 +19,12 @@ import pytest
 
 import shardviz as sv
 from shardviz.__main__ import main as cli
+from shardviz.data.events import CollectiveEvent, Source, TensorSnapshot
+from shardviz.data.limits import LimitError
+from shardviz.data.load import PartialTraceWarning, rank_path
+from shardviz.data.trace import Trace
 from shardviz.errors import ShardvizError, TraceFileError
-from shardviz.job import PartialTraceWarning, rank_path
-from shardviz.layout import compute
-from shardviz.limits import LimitError
-from shardviz.trace import CollectiveEvent, Source, TensorSnapshot, Trace
+from shardviz.geometry.layout import compute
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import shardviz as sv
-from shardviz.memory import MemoryTimeline
-from shardviz.pipeline import Arrow, Interval, Timeline
+from shardviz.data.memory import MemoryTimeline
+from shardviz.data.pipeline import Arrow, Interval, Timeline
 from shardviz.views import markup
 from shardviz.views.mpl import plot_layout, to_png
 

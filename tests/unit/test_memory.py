@@ -11,7 +11,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz.memory import MemoryTimeline
+from shardviz.data.memory import MemoryTimeline
 
 
 @pytest.fixture

@@ -13,9 +13,10 @@ import pytest
 
 from shardviz import load
 from shardviz.backends.cluster import RankRun, diagnose, where_text
-from shardviz.layout import compute as layout
-from shardviz.merge import SequenceMismatchError, merge
-from shardviz.trace import CollectiveEvent, OpEvent, RedistributeEvent, Source, TensorSnapshot, Trace
+from shardviz.data.events import CollectiveEvent, OpEvent, RedistributeEvent, Source, TensorSnapshot
+from shardviz.data.merge import SequenceMismatchError, merge
+from shardviz.data.trace import Trace
+from shardviz.geometry.layout import compute as layout
 
 MESH_2x2 = {"mesh_shape": [2, 2], "mesh_dim_names": ["dp", "tp"], "ranks": [0, 1, 2, 3]}
 TP = {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)}

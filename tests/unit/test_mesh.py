@@ -1,6 +1,6 @@
 import pytest
 
-from shardviz import mesh
+from shardviz.geometry import mesh
 
 
 def test_dim_groups_2d():

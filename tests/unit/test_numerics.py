@@ -15,9 +15,8 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.layout import compute
-from shardviz.numerics import (
+from shardviz.capture import torch as _torch
+from shardviz.data.numerics import (
     EXACT,
     Entry,
     RawCapture,
@@ -33,6 +32,7 @@ from shardviz.numerics import (
     merge_raw,
     tolerance_for,
 )
+from shardviz.geometry.layout import compute
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.flow import Transfer, transfers
-from shardviz.p2p import DeadlockError, P2PError
+from shardviz.capture import torch as _torch
+from shardviz.data.flow import Transfer, transfers
+from shardviz.errors import DeadlockError, P2PError
 
 N = 4
 
@@ -195,10 +195,28 @@ def test_save_load_and_player(tmp_path):
     again = sv.load(path)
     assert again == trace
     assert [e.params for e in again.collectives()] == [e.params for e in trace.collectives()]
-    player = sv.play(trace)
-    assert player is not None
     first = trace.collectives()[0]
     assert np.array_equal(again.collectives()[0].inputs[0].values, first.inputs[0].values)
+    for player in (sv.play(trace), sv.play(again)):
+        # One send and one recv per pair of the ring (r -> r + 1), each drawn as one arrow between
+        # the pair; at the recv, the sender's buffer and what lands on the receiver are both
+        # ring_blocking's x on the sender: [src, src + 1].
+        shown = sorted((e.op, e.groups[0]) for e in player.steps)
+        assert shown == sorted((op, (r, (r + 1) % N)) for r in range(N) for op in ("send", "recv"))
+        for k, e in enumerate(player.steps):
+            src, dst = e.groups[0]
+            detail = player.detail(k)
+            assert (detail["op"], detail["pairs"]) == (e.op, [[src, dst]])
+            assert [t[:2] for t in detail["transfers"]] == [[src, dst]]
+            assert sorted(int(r) for r in detail["ranks"]) == sorted((src, dst))
+            if e.op == "recv":
+                meta, buffers = player.values_reply(k)
+                got = {
+                    (m["rank"], m["side"]): np.frombuffer(b, m["format"]).tolist()
+                    for m, b in zip(meta["entries"], buffers, strict=True)
+                }
+                assert got == {(src, "in"): [src, src + 1.0], (dst, "out"): [src, src + 1.0]}
+    assert sv.play(again).timeline == sv.play(trace).timeline
 
 
 @pytest.mark.timeout(30)

@@ -20,7 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
 
 # (mesh shape, mesh dim gathered over)
 MESHES = [((4,), 0), ((2, 2), 0), ((2, 2), 1), ((2, 2, 2), 1), ((2, 2, 2), 2), ((1, 3), 1)]
@@ -58,7 +59,7 @@ def run(mesh, x, src, dst, record: bool):
         with sv.record() as trace:
             out = distribute_tensor(x, mesh, src, src_data_rank=None).redistribute(mesh, dst)
         return per_rank(out), trace
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         out = distribute_tensor(x, mesh, src, src_data_rank=None).redistribute(mesh, dst)
         return per_rank(out), None
 
@@ -170,7 +171,7 @@ def partial_to_replicate(mesh, dim, op, rank_value, record: bool):
         with sv.record() as trace:
             out = body()
         return per_rank(out), trace
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         return per_rank(body()), None
 
 

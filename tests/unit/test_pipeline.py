@@ -18,7 +18,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz.pipeline import timeline
+from shardviz.data.pipeline import timeline
 from shardviz.views.pipeline_svg import TimelineView
 
 M, B, D = 4, 8, 8  # microbatches, batch, width

@@ -1,6 +1,6 @@
 import pytest
 
-from shardviz.placement import Placement, normalize, parse
+from shardviz.geometry.placement import Placement, normalize, parse
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.placement import parse
-from shardviz.plan import parse_plan_string, plan_steps
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
+from shardviz.data.plan import parse_plan_string, plan_steps
+from shardviz.geometry.placement import parse
 
 MESHES = [(4,), (2, 2), (3, 2), (2, 2, 2)]
 _meshes: dict = {}
@@ -25,7 +26,7 @@ _meshes: dict = {}
 
 def get_mesh(shape):
     sv.use("local", world_size=int(torch.Size(shape).numel()))
-    backend = sv.backends.current()
+    backend = choose.current()
     if shape not in _meshes or _meshes[shape][0] is not backend:
         with sv.record():
             _meshes[shape] = (backend, init_device_mesh("cpu", shape))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shardviz as sv
-from shardviz import backends
+from shardviz.backends import session
 from shardviz.pytest_plugin import file_stem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,10 +60,10 @@ def test_a_failing_harness_test_leaves_its_trace_and_player(tmp_path):
     assert "data-shardviz-view" in html and "all_gather" in html
 
     # The passive recording changed nothing: dist.reduce ends as it does with no recording at all.
-    previous = backends.peek()  # the harness makes its own default process group
+    previous = session.peek()  # the harness makes its own default process group
     if previous is not None:
         previous.close()
-        backends.install(None)
+        session.install(None)
     os.environ["HARNESS_OUTCOME"] = str(tmp_path / "plain.txt")
     try:
         test = harness_tests.RedistributeTestWithLocalTensor("test_reduce_runs_as_without_shardviz")

@@ -13,8 +13,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.recorder import PlainTensorCollectiveError
+from shardviz.capture import torch as _torch
+from shardviz.capture.recorder import PlainTensorCollectiveError
 
 
 def no_modes_left():

@@ -23,8 +23,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import shardviz as sv
-from shardviz import _torch, backends
-from shardviz.job import SignalWarning, rank_path
+from shardviz.backends import session
+from shardviz.capture import torch as _torch
+from shardviz.capture.job import SignalWarning
+from shardviz.data.load import rank_path
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,7 +42,7 @@ def installed() -> dict[str, Any]:
     """What a recording installs in the process while it runs."""
     return {
         "dispatch modes": _torch.dispatch_mode_stack(),
-        "backend": backends.peek(),
+        "backend": session.peek(),
         "dist.get_rank": dist.get_rank,
         "DTensor.to_local": DTensor.to_local,
         "excepthook": sys.excepthook,
@@ -73,7 +75,7 @@ def rank0() -> Iterator[None]:
     dist.init_process_group(
         "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=10)
     )
-    saved = (signal.getsignal(signal.SIGTERM), sys.excepthook, wakeup_fd(), backends.peek())
+    saved = (signal.getsignal(signal.SIGTERM), sys.excepthook, wakeup_fd(), session.peek())
     try:
         yield
     finally:
@@ -81,7 +83,7 @@ def rank0() -> Iterator[None]:
         signal.signal(signal.SIGTERM, saved[0])
         sys.excepthook = saved[1]
         signal.set_wakeup_fd(saved[2])
-        backends.install(saved[3])
+        session.install(saved[3])
 
 
 def test_a_sigterm_the_process_survives_leaves_nothing_behind(rank0, tmp_path):

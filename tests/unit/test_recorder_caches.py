@@ -1,4 +1,4 @@
-"""The recorder's memos live in ``shardviz.recorder.caches``: one place to see and to clear them."""
+"""The recorder's memos live in ``shardviz.capture.recorder.caches``: one place to see and to clear them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz.recorder import caches, frames, snapshot
+from shardviz.capture.recorder import caches, frames, snapshot
 
 PACKAGE = Path(sv.__file__).parent / "recorder"
 

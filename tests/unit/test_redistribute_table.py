@@ -169,7 +169,7 @@ def test_replicate_to_partial_is_refused_and_nothing_is_left_active():
         dt = distribute_tensor(X, mesh, [Replicate()])
     with pytest.raises(RuntimeError), sv.record():
         dt.redistribute(mesh, [Partial()])
-    from shardviz import _torch
+    from shardviz.capture import torch as _torch
 
     assert _torch.active_local_mode() is None and _torch.dispatch_mode_stack() == []
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz import ring
-from shardviz.trace import TensorSnapshot
+from shardviz.data import ring
+from shardviz.data.events import TensorSnapshot
 
 
 def values(shape, dtype):

@@ -13,7 +13,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.capture import torch as _torch
 from shardviz.errors import PerRankValueError
 
 

@@ -18,8 +18,8 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.recorder import SharedLocalWriteError
+from shardviz.capture import torch as _torch
+from shardviz.capture.recorder import SharedLocalWriteError
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,10 +17,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardviz as sv
-from shardviz import _torch
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
+from shardviz.capture.recorder import to_numpy
+from shardviz.data.events import NUMPY_WIDENED
+from shardviz.data.trace import Trace
 from shardviz.errors import SimulationWarning
-from shardviz.recorder import to_numpy
-from shardviz.trace import NUMPY_WIDENED, Trace
 
 WORLD = 4
 
@@ -68,7 +70,7 @@ def test_output_written_after_the_recording(mesh, n):
     with sv.record() as trace:
         dt = distribute_tensor(full(n), mesh, [Shard(0)], src_data_rank=None)
         out = dt.redistribute(mesh, [Replicate()])
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         out.zero_()
         dt.fill_(7)
     (gather,) = [c for c in trace.collectives() if c.op == "all_gather"]
@@ -132,7 +134,7 @@ def test_buffers_the_user_still_holds_are_copied_when_the_recording_ends(mesh, n
     held, dropped = trace.collectives()
     per = _torch.local_tensors(t)
     assert not any(np.shares_memory(held.outputs[r].values, per[r].numpy()) for r in range(WORLD))
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         t.fill_(-5.0)
     total = float(sum(range(WORLD)))
     assert same(held.outputs[0].values, total)
@@ -167,7 +169,7 @@ def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
     with sv.record() as trace:
         (x * 2).sum().backward()
         dist.all_reduce(x.grad)
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         (x * 3).sum().backward()  # accumulates into x.grad in place
     (c,) = trace.collectives()
     assert same(c.inputs[1].values, 2.0)
@@ -176,7 +178,7 @@ def test_a_gradient_reduced_then_accumulated_into_after_the_recording(mesh, n):
 
 
 def test_a_tensor_held_only_by_a_grad_slot_counts_as_reached():
-    from shardviz.recorder.snapshot import Alias, alone, holders
+    from shardviz.capture.recorder.snapshot import Alias, alone, holders
 
     p = torch.nn.Parameter(torch.ones(2))
     p.sum().backward()
@@ -195,7 +197,7 @@ def test_a_view_of_a_buffer_written_through_its_base(mesh, n):
         dist.all_reduce(base.view(-1))
         base.add_(1)  # through the base, in the recording
         dist.all_reduce(base.view(-1))
-    with sv.backends.current().simulate():
+    with choose.current().simulate():
         base.fill_(-1)  # and after it
     first, second = trace.collectives()
     assert first.outputs[0].shape == (2 * n,) and same(first.outputs[0].values, total)

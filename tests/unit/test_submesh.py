@@ -21,9 +21,9 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from widget_comm import invoke
 
 import shardviz as sv
-from shardviz import _torch
-from shardviz.layout import Layout
-from shardviz.mesh import submesh_groups
+from shardviz.capture import torch as _torch
+from shardviz.geometry.layout import Layout
+from shardviz.geometry.mesh import submesh_groups
 from shardviz.views import geometry as g
 
 matplotlib.use("Agg")

@@ -23,11 +23,11 @@ from torch.distributed.tensor.parallel import (
 )
 
 import shardviz as sv
-from shardviz import _torch, backends
-from shardviz.errors import BackendError
-from shardviz.p2p import DeadlockError
-from shardviz.threadpg import CollectiveMismatchError
-from shardviz.trace import CollectiveEvent, OpEvent, RedistributeEvent
+from shardviz.backends import choose
+from shardviz.capture import torch as _torch
+from shardviz.capture.threadpg import CollectiveMismatchError
+from shardviz.data.events import CollectiveEvent, OpEvent, RedistributeEvent
+from shardviz.errors import BackendError, DeadlockError
 
 N = 4
 
@@ -485,7 +485,7 @@ def _shell(**names):
 def test_spmd_cells_keep_names_per_rank_and_show_gathers_every_shard():
     shell = _shell(torch=torch, dist=dist, sv=sv, init_device_mesh=init_device_mesh)
     shell.user_ns.update(distribute_tensor=distribute_tensor, Shard=Shard)
-    backend = backends.current()
+    backend = choose.current()
     value = backend.run_cell(
         "rank = dist.get_rank()\n"
         "mesh = init_device_mesh('cpu', (4,))\n"
@@ -513,7 +513,7 @@ def test_spmd_cells_keep_names_per_rank_and_show_gathers_every_shard():
 @pytest.mark.timeout(60)
 def test_spmd_cell_reads_a_notebook_tensor_as_its_own_copy():
     shell = _shell(torch=torch, dist=dist, big=torch.zeros(3))
-    backend = backends.current()
+    backend = choose.current()
     out = backend.run_cell("big.add_(dist.get_rank())\nbig", shell)
     assert [_torch.local_tensors(out)[r].tolist() for r in range(N)] == [[float(r)] * 3 for r in range(N)]
     assert shell.user_ns["big"].tolist() == [0.0, 0.0, 0.0]
@@ -743,7 +743,7 @@ def test_fsdp2_gradient_divide_factor_premul_sum_against_plain_torch():
 @pytest.mark.timeout(60)
 def test_restart_gives_new_ranks_without_their_names():
     shell = _shell(dist=dist)
-    backend = backends.current()
+    backend = choose.current()
     backend.run_cell("kept = dist.get_rank() * 2", shell)
     assert backend.run_cell("kept", shell) == {0: 0, 1: 2, 2: 4, 3: 6}
     fresh = sv.restart()

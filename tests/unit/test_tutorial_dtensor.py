@@ -7,7 +7,6 @@ Each example's ``with LocalTensorMode(n)`` is replaced by ``sv.use("local", worl
 from __future__ import annotations
 
 import torch
-from torch.distributed._local_tensor import LocalIntNode, LocalTensor
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -66,30 +65,68 @@ def test_example4_uneven_local_tensor():
         1: torch.tensor([[5.0, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]]),
         2: torch.tensor([[13.0, 14.0, 15.0, 16.0]]),
     }
-    lt = LocalTensor(tensors)
-    assert isinstance(lt.shape[0], torch.SymInt)
-    assert {r: t.shape for r, t in lt._local_tensors.items()} == {r: t.shape for r, t in tensors.items()}
+    sv.use("local", world_size=3)
+    with sv.record():
+        lt = sv.per_rank(lambda rank: tensors[rank])
+        rows = lt.shape[0]
+    assert isinstance(rows, torch.SymInt)  # the ranks disagree on it
+    view = sv.show(lt)
+    # Each rank's own tensor, drawn side by side along the last dim: 4 columns per rank, as many
+    # rows as the longest rank's.
+    assert view.shard_values is not None
+    assert {r: v.tolist() for r, v in view.shard_values.items()} == {
+        r: t.tolist() for r, t in tensors.items()
+    }
+    assert view.tensor_layout.global_shape == (2, 12)
+    assert [(s.rank, s.shape, s.offset) for s in view.tensor_layout.shards] == [
+        (0, (1, 4), (0, 0)),
+        (1, (2, 4), (0, 4)),
+        (2, (1, 4), (0, 8)),
+    ]
 
 
 def test_example4_local_int_node():
-    a = LocalIntNode({0: 10, 1: 20, 2: 30})
-    b = LocalIntNode({0: 1, 1: 2, 2: 3})
-    assert dict(a.add(b)._local_ints) == {0: 11, 1: 22, 2: 33}
-    assert dict(a.mul(b)._local_ints) == {0: 10, 1: 40, 2: 90}
+    # The tutorial adds and multiplies per-rank ints (LocalIntNode); in shardviz they are the sizes
+    # of per-rank tensors, and a tensor sized by their sum or product has that size on each rank.
+    a, b = {0: 10, 1: 20, 2: 30}, {0: 1, 1: 2, 2: 3}
+    sv.use("local", world_size=3)
+    with sv.record():
+        ta = sv.per_rank(lambda rank: torch.zeros(a[rank]))
+        tb = sv.per_rank(lambda rank: torch.zeros(b[rank]))
+        total = torch.arange(ta.shape[0] + tb.shape[0])
+        product = torch.arange(ta.shape[0] * tb.shape[0])
+    for got, op in ((sv.show(total).shard_values, int.__add__), (sv.show(product).shard_values, int.__mul__)):
+        assert got is not None
+        assert {r: v.tolist() for r, v in got.items()} == {
+            r: torch.arange(op(a[r], b[r])).tolist() for r in a
+        }
 
 
 def test_example4_dtensor_uneven_sharding():
     sv.use("local", world_size=3)
+    tensor = torch.arange(10 * 4).reshape(10, 4).float()
     with sv.record():
         mesh = init_device_mesh("cpu", (3,))
-        tensor = torch.arange(10 * 4).reshape(10, 4).float()
         dt = distribute_tensor(tensor, mesh, [Shard(0)])
         local = dt.to_local()
-        rows_per_rank = {rank: local._local_tensors[rank].shape[0] for rank in range(3)}
         reconstructed = dt.full_tensor().reconcile()
-    assert rows_per_rank == {0: 4, 1: 4, 2: 2}
-    assert torch.equal(reconstructed, torch.arange(40).reshape(10, 4).float())
-    assert {s.rank: s.shape[0] for s in sv.layout(dt).shards} == rows_per_rank
+    # torch.chunk's rule: ceil(10 / 3) = 4 rows per rank, the last rank keeps what is left.
+    expected = dict(enumerate(tensor.chunk(3, dim=0)))
+    local_values = sv.show(local).shard_values
+    assert local_values is not None
+    assert {r: v.tolist() for r, v in local_values.items()} == {r: t.tolist() for r, t in expected.items()}
+    assert {s.rank: (s.shape, s.offset) for s in sv.layout(dt).shards} == {
+        0: ((4, 4), (0, 0)),
+        1: ((4, 4), (4, 0)),
+        2: ((2, 4), (8, 0)),
+    }
+    view = sv.show(dt)
+    assert view.shard_values is not None and view.global_values() is not None
+    assert {r: v.tolist() for r, v in view.shard_values.items()} == {
+        r: t.tolist() for r, t in expected.items()
+    }
+    assert view.global_values().tolist() == tensor.tolist()
+    assert torch.equal(reconstructed, tensor)
 
 
 def test_example6_2d_mesh():

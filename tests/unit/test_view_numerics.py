@@ -13,8 +13,8 @@ import pytest
 from widget_comm import invoke
 
 import shardviz as sv
-from shardviz.layout import compute
-from shardviz.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+from shardviz.data.numerics import EventNote, RawCapture, RawTensor, RowKey, build_run, compare
+from shardviz.geometry.layout import compute
 from shardviz.views import geometry as g
 
 pytestmark = pytest.mark.timeout(60)

@@ -28,8 +28,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from widget_comm import attach, invoke
 
 import shardviz as sv
-from shardviz import cost
-from shardviz.trace import TensorSnapshot, Trace
+from shardviz.data import cost
+from shardviz.data.events import TensorSnapshot
+from shardviz.data.trace import Trace
 from shardviz.views import geometry as g
 from shardviz.views import html as svhtml
 from shardviz.views.player import PlayerWidget
@@ -493,7 +494,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import shardviz as sv
-from shardviz.views.mpl import plot_event
+from shardviz.views.trace_mpl import plot_event
 
 sv.use("local", world_size=2)
 with sv.record() as t:

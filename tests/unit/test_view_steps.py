@@ -24,20 +24,20 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardviz as sv
-from shardviz.views import steps
+from shardviz.views import grid, steps
 
 # ---- the drawn grid -------------------------------------------------------------------------------
 
 
 def test_summarize_axis_keeps_every_cut_and_elides_long_stretches():
     # short axes are drawn whole
-    assert steps.summarize_axis(8, [2, 4, 6], 10) == ((0, 8),)
-    assert steps.summarize_axis(0, [], 4) == ()
+    assert grid.summarize_axis(8, [2, 4, 6], 10) == ((0, 8),)
+    assert grid.summarize_axis(0, [], 4) == ()
     # one long stretch: its first cells, a band, its last cell
-    assert steps.summarize_axis(256, [], 4) == ((0, 3), (255, 256))
-    assert steps.summarize_axis(32, [], 3) == ((0, 2), (31, 32))
+    assert grid.summarize_axis(256, [], 4) == ((0, 3), (255, 256))
+    assert grid.summarize_axis(32, [], 3) == ((0, 2), (31, 32))
     # four chunks of 64 columns: each keeps its first and last cell, so every border is drawn
-    assert steps.summarize_axis(256, [64, 128, 192], 8) == (
+    assert grid.summarize_axis(256, [64, 128, 192], 8) == (
         (0, 1),
         (63, 65),
         (127, 129),
@@ -45,9 +45,9 @@ def test_summarize_axis_keeps_every_cut_and_elides_long_stretches():
         (255, 256),
     )
     # stretches short enough for their share are kept whole; cuts outside the axis are ignored
-    assert steps.summarize_axis(12, [3, 6, 9, 40], 8) == ((0, 12),)
+    assert grid.summarize_axis(12, [3, 6, 9, 40], 8) == ((0, 12),)
     # many chunks: more cells than asked for, never merged
-    assert steps.summarize_axis(64, range(0, 64, 2), 8) == ((0, 64),)
+    assert grid.summarize_axis(64, range(0, 64, 2), 8) == ((0, 64),)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_llama_sized_buffers_are_drawn_as_a_few_readable_rows_and_columns(gather
     inp, out = d["ranks"]["0"]["in"], d["ranks"]["0"]["out"]
     # (2, 4, 64) is a grid of 2 x 256: both rows, the first 3 columns and the last one (4 ranks side
     # by side leave room for 4 columns)
-    assert steps.col_cells(4) == 4
+    assert grid.col_cells(4) == 4
     assert inp["grid"] == [[[[0, 2]], [[0, 3], [255, 256]]]]
     # the output's 8 rows are its 4 chunks of 2 rows: all drawn, every chunk border a drawn border
     assert [p["box"] for p in out["parts"]] == [
@@ -77,11 +77,11 @@ def test_llama_sized_buffers_are_drawn_as_a_few_readable_rows_and_columns(gather
     ]
     assert out["grid"] == [[[[0, 8]], [[0, 3], [255, 256]]]]
     # a list of four (32, 64) slots shares the row budget: 2 rows each (the first and the last)
-    buf = steps.Buffer((4,), "float32", ((32, 64),) * 4, True)
-    assert steps.drawn_grid(buf, 4) == [(((0, 1), (31, 32)), ((0, 3), (63, 64)))] * 4
+    buf = grid.Buffer((4,), "float32", ((32, 64),) * 4, True)
+    assert grid.drawn_grid(buf, 4) == [(((0, 1), (31, 32)), ((0, 3), (63, 64)))] * 4
     # small buffers send no grid at all (every element is drawn)
-    small = steps.Buffer((7, 5), "float32", None, True)
-    assert steps.grid_json(small, 4) is None
+    small = grid.Buffer((7, 5), "float32", None, True)
+    assert grid.grid_json(small, 4) is None
 
 
 def test_values_reply_carries_the_exact_range_of_a_sampled_buffer():
@@ -328,7 +328,7 @@ def test_replicated_blocks_are_striped_diagonally():
 
 
 def test_pipeline_pictures_share_one_palette():
-    from shardviz.pipeline import Interval, Timeline
+    from shardviz.data.pipeline import Interval, Timeline
     from shardviz.views.pipeline_svg import COLOURS, LEGEND, timeline_svg
 
     tl = Timeline(
@@ -369,8 +369,9 @@ def test_a_layout_picture_prints_the_values_where_they_fit():
 def test_merged_ranks_keep_a_raw_call_off_the_worlds_mesh_dim():
     """On real ranks each rank records its own event and the merge finds the mesh dim from the
     merged groups: a raw call on the default group must not gain the world mesh's dim there."""
-    from shardviz.merge import merge
-    from shardviz.trace import CollectiveEvent, TensorSnapshot, Trace
+    from shardviz.data.events import CollectiveEvent, TensorSnapshot
+    from shardviz.data.merge import merge
+    from shardviz.data.trace import Trace
 
     world = {"mesh_shape": [4], "mesh_dim_names": ["tp"], "ranks": [0, 1, 2, 3]}
 

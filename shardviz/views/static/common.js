@@ -65,6 +65,23 @@ function rankList(ranks) {
   return out.join(",");
 }
 
+// Bytes in words, the rule of shardviz.data.describe.bytes_text: exact below 1 KiB, else one
+// decimal in the largest binary unit (a trailing .0 dropped), rounded half up.
+const BYTE_UNITS = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+
+function bytesText(n) {
+  if (n < 0) return `-${bytesText(-n)}`;
+  if (n < 1024) return `${Math.round(n)} B`;
+  let v = n;
+  let unit = "B";
+  for (const u of BYTE_UNITS) {
+    if (v < 1024 && unit !== "B") break;
+    v /= 1024;
+    unit = u;
+  }
+  return `${Math.round(v * 10) / 10} ${unit}`;
+}
+
 function fmtShape(shape) {
   return shape.length ? shape.join("×") : "scalar";
 }

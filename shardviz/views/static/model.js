@@ -11,17 +11,6 @@
 
 const BAR_PX = 520;
 
-function fmtBytes(n) {
-  if (n < 1024) return `${n} B`;
-  const units = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-  let v = n;
-  for (const u of units) {
-    v /= 1024;
-    if (v < 1024 || u === "PiB") return `${v.toFixed(1)} ${u}`;
-  }
-  return `${n} B`;
-}
-
 const KIND_COLOR = { param: "#4c78a8", buffer: "#72b7b2", grad: "#f58518", optimizer: "#e45756" };
 
 function render({ model, el, experimental }) {
@@ -53,12 +42,12 @@ function render({ model, el, experimental }) {
     const tot = s.totals;
     const most = tot.length ? Math.max(...tot) : 0;
     const least = tot.length ? Math.min(...tot) : 0;
-    const dims = s.mesh_dims.map((d) => `${d.name} (${d.size}) shards ${fmtBytes(d.sharded)}`).join(" · ");
+    const dims = s.mesh_dims.map((d) => `${d.name} (${d.size}) shards ${bytesText(d.sharded)}`).join(" · ");
     html(
       "div",
       { class: "sv-sub" },
       head,
-      `${n} tensors on ${s.world_size} ranks · unsharded ${fmtBytes(s.global_bytes)} · per rank ${least === most ? fmtBytes(most) : `${fmtBytes(least)} – ${fmtBytes(most)}`}${dims ? ` · ${dims}` : ""}`,
+      `${n} tensors on ${s.world_size} ranks · unsharded ${bytesText(s.global_bytes)} · per rank ${least === most ? bytesText(most) : `${bytesText(least)} – ${bytesText(most)}`}${dims ? ` · ${dims}` : ""}`,
     );
   }
 
@@ -84,10 +73,10 @@ function render({ model, el, experimental }) {
         svg("rect", { x: 2 + r * bw, y, width: Math.max(bw - (bw > 3 ? 1 : 0), 1), height: h, fill: KIND_COLOR[k] || "#999" }, g);
       }
       const t = svg("title", {}, g);
-      t.textContent = `rank ${r}: ${fmtBytes(s.totals[r])}`;
+      t.textContent = `rank ${r}: ${bytesText(s.totals[r])}`;
       g.addEventListener("click", () => setTrait("rank", model.get("rank") === r ? -1 : r));
     }
-    svg("text", { x: 2, y: H + 12, class: "sv-axis-label" }, box).textContent = `ranks 0–${n - 1} · max ${fmtBytes(most)}`;
+    svg("text", { x: 2, y: H + 12, class: "sv-axis-label" }, box).textContent = `ranks 0–${n - 1} · max ${bytesText(most)}`;
     const key = html("div", { class: "sv-kinds" }, bars);
     for (const k of s.kinds) {
       const item = html("span", { class: "sv-kind-item" }, key);
@@ -192,7 +181,7 @@ function render({ model, el, experimental }) {
     const tot = html("tr", { class: "sv-total-row" }, html("tfoot", {}, table));
     html("td", { colspan: cols.length - 1 }, tot, byRank ? `total on rank ${rank}` : "total per rank (max)");
     const t = byRank ? s.totals[rank] : Math.max(0, ...s.totals);
-    html("td", { class: "sv-num" }, tot, `${t} (${fmtBytes(t)})`);
+    html("td", { class: "sv-num" }, tot, `${t} (${bytesText(t)})`);
   }
 
   async function drawDetail() {

@@ -7,16 +7,8 @@
 // skeleton, the synced timeline and info, the reply caches and the view's own small state (the
 // ring view's open state and position, the picked group, playback).
 
-// The same text as shardviz.cost.human_bytes / human_seconds, so numbers match trace.summary().
-function humanBytes(n) {
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  for (const unit of units) {
-    if (Math.abs(n) < 1024 || unit === "TiB") return unit === "B" ? `${n.toFixed(0)} B` : `${n.toFixed(2)} ${unit}`;
-    n /= 1024;
-  }
-  return `${n.toFixed(2)} TiB`;
-}
-
+// The same text as shardviz.data.cost.human_seconds, so times match trace.summary() (bytes:
+// bytesText in common.js).
 function humanSeconds(s) {
   if (s < 1e-3) return `${(s * 1e6).toFixed(1)} us`;
   if (s < 1) return `${(s * 1e3).toFixed(2)} ms`;

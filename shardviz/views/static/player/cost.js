@@ -7,7 +7,7 @@ function drawCost(p, d) {
   const t = linkSeconds(p, d.cost.bus, d.cost.hops);
   const lk = currentLink(p);
   const what = d.kind === "redistribute" ? `its ${d.children.length} collective${d.children.length === 1 ? "" : "s"}` : "this step";
-  html("span", { class: "sv-cost-bytes" }, box, `bus bytes per rank: ${humanBytes(d.cost.bus)}`);
+  html("span", { class: "sv-cost-bytes" }, box, `bus bytes per rank: ${bytesText(d.cost.bus)}`);
   html("span", { class: "sv-cost-time", "data-seconds": t }, box, `estimated time: ${humanSeconds(t)}`);
   html(
     "span",
@@ -33,7 +33,7 @@ function drawTotals(p) {
     "span",
     { class: "sv-total", "data-total-seconds": total },
     totals,
-    `trace total: ${humanBytes(info.total_bus)} bus bytes per rank, ${humanSeconds(total)} on ${currentLink(p).name}` +
-      (nSteps(p) ? ` · through this step: ${humanBytes(soFarBus)}, ${humanSeconds(linkSeconds(p, soFarBus, soFarHops))}` : ""),
+    `trace total: ${bytesText(info.total_bus)} bus bytes per rank, ${humanSeconds(total)} on ${currentLink(p).name}` +
+      (nSteps(p) ? ` · through this step: ${bytesText(soFarBus)}, ${humanSeconds(linkSeconds(p, soFarBus, soFarHops))}` : ""),
   );
 }

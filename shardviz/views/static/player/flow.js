@@ -240,7 +240,7 @@ function drawGroup(p, d, gi, parent, width) {
     }
     const nb = info[i].nbytes;
     if (nb !== undefined && d.kind !== "local")
-      svg("text", { x: cx, y: H - 6, "text-anchor": "middle", class: "sv-bytes" }, s).textContent = `${humanBytes(info[i].bus || 0)} bus`;
+      svg("text", { x: cx, y: H - 6, "text-anchor": "middle", class: "sv-bytes" }, s).textContent = `${bytesText(info[i].bus || 0)} bus`;
   });
   for (const [text, y, h] of [
     ["before", yIn, hIn],

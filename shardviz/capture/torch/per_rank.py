@@ -1,0 +1,159 @@
+"""Per-rank values in the simulation: per-rank SymInts, ``dist.get_rank`` and
+``ProcessGroup.rank()`` per rank, and comparisons the simulated ranks disagree on."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...errors import PerRankValueError
+from .c10d import p2p_groups
+from .frames import TORCH_DIR
+from .gate import LocalIntNode
+from .modes import active_local_mode
+
+# In the lockstep simulation every rank runs each Python line at once, so a value that differs per
+# rank can only be a per-rank SymInt (a LocalIntNode). torch 2.14 returns one from dist.get_rank();
+# on 2.13 dist.get_rank() is 0 on every rank, and a process group's .rank() is 0 on every torch, so
+# code that offsets by the rank (a vocab-parallel embedding) would silently compute rank 0's part
+# on every rank. And a comparison the ranks disagree on (``if dist.get_rank() == 0:``) gives one
+# answer for all ranks. While the simulation runs, code outside torch (the user's, a library's)
+# gets the per-rank value, and a comparison of per-rank ints that the ranks disagree on raises
+# PerRankValueError; torch's own code keeps the answers it was written against.
+
+
+def symint_at_rank(value: Any, rank: int) -> int:
+    """One rank's value of a per-rank SymInt made by LocalTensorMode (a plain int elsewhere). A
+    SymInt every rank agrees on (a coordinate on a size-1 mesh dim) holds a ConstantIntNode, which
+    ``int()`` cannot read: its value is taken as it is."""
+    node = getattr(value, "node", None)
+    local = getattr(node, "_local_ints", None)
+    if local is not None:
+        return int(local[rank])
+    constant = node.maybe_as_int() if node is not None and hasattr(node, "maybe_as_int") else None
+    if constant is not None:
+        return int(constant)
+    return int(value)
+
+
+def per_rank_ints(value: Any) -> list[int] | None:
+    """The per-rank values of a SymInt made by LocalTensorMode (None for a plain int)."""
+    local = getattr(getattr(value, "node", None), "_local_ints", None)
+    return [int(v) for v in local.values()] if local is not None else None
+
+
+_THIS_FILE = os.path.abspath(__file__)
+# SymInt's Python operators, between the code that compares and the node's method.
+_SYMINT_PLUMBING = (
+    os.path.join(TORCH_DIR, "fx", "experimental", "sym_node.py"),
+    os.path.join(TORCH_DIR, "__init__.py"),
+)
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+def _called_from_torch(frame: FrameType | None) -> bool:
+    """Whether the code asking is torch's own (past this file and SymInt's operator plumbing)."""
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if fn != _THIS_FILE and fn not in _SYMINT_PLUMBING:
+            return fn.startswith(TORCH_DIR)
+        frame = frame.f_back
+    return True
+
+
+def group_rank_map(group: Any, ranks: Sequence[int]) -> dict[int, int]:
+    """Each simulated rank's rank in its own copy of ``group`` (every group that runs a collective
+    at once with it); -1 for a rank in none, as ``dist.get_rank(group)`` answers a non-member."""
+    if group is None or group is dist.GroupMember.WORLD:
+        return {r: r for r in ranks}
+    mine = {r: i for g in p2p_groups(group) for i, r in enumerate(g)}
+    return {r: mine.get(r, -1) for r in ranks}
+
+
+def per_rank_int(values: Mapping[int, int]) -> Any:
+    """A SymInt holding ``values[rank]`` on each simulated rank, as LocalTensorMode makes them."""
+    return torch.SymInt(LocalIntNode(dict(values)))
+
+
+def _rank_per_rank(original: Any) -> Any:
+    @functools.wraps(original)
+    def rank(*args: Any, **kwargs: Any) -> Any:
+        mode = active_local_mode()
+        if mode is None or _called_from_torch(sys._getframe(1)):
+            return original(*args, **kwargs)
+        group = args[0] if args else kwargs.get("group")
+        return per_rank_int(group_rank_map(group, sorted(mode.ranks)))
+
+    return rank
+
+
+def _int_on(value: Any, rank: int) -> int:
+    local = getattr(value, "_local_ints", None)
+    if local is not None:
+        return int(local[rank])
+    return int(getattr(value, "val", value))
+
+
+def _compare_per_rank(name: str, original: Any) -> Any:
+    symbol = _COMPARISONS[name]
+
+    @functools.wraps(original)
+    def compare(self: Any, other: Any) -> Any:
+        if not _called_from_torch(sys._getframe(1)):
+            per_rank = {
+                r: getattr(v, f"__{name}__")(_int_on(other, r)) for r, v in sorted(self._local_ints.items())
+            }
+            if len(set(per_rank.values())) > 1:
+                rhs = dict(getattr(other, "_local_ints", {})) or _int_on(other, 0)
+                raise PerRankValueError(
+                    f"a per-rank value is compared here ({dict(self._local_ints)} {symbol} {rhs}, "
+                    f"rank: value) and the simulated ranks disagree: {per_rank}. In the simulation "
+                    "every rank runs this Python line at once, so it cannot take a different branch "
+                    "or pick a different number on each rank; one answer for all of them would be "
+                    "silently wrong. Write rank-dependent values as tensors (torch.where on "
+                    "sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
+                    "rank), or run this code with one thread per rank, where each rank has plain "
+                    "ints: sv.use('threads', world_size=N) (or on real process groups: "
+                    "sv.use('gloo', world_size=N))."
+                )
+        return original(self, other)
+
+    return compare
+
+
+@contextlib.contextmanager
+def per_rank_values() -> Iterator[None]:
+    """While the simulation runs (entered inside its LocalTensorMode): ``dist.get_rank(group)`` and
+    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons of
+    per-rank ints that the ranks disagree on raise (see above). Put back when it ends."""
+    c10d = dist.distributed_c10d
+    saved: list[tuple[Any, str, Any]] = [(dist.ProcessGroup, "rank", dist.ProcessGroup.__dict__["rank"])]
+    patched: list[tuple[Any, str, Any]] = [
+        (dist.ProcessGroup, "rank", _rank_per_rank(dist.ProcessGroup.rank))
+    ]
+    # On every torch: 2.14's own per-rank get_rank(group) maps a strided group's ranks wrongly (the
+    # dp group [1, 5] of a (2, 4) mesh gives rank 1 the dp rank 1). Entered inside the mode, so
+    # that torch's own callers keep whatever the mode put in place.
+    wrapped = _rank_per_rank(dist.get_rank)
+    for owner in (dist, c10d):
+        saved.append((owner, "get_rank", owner.get_rank))
+        patched.append((owner, "get_rank", wrapped))
+    for name in _COMPARISONS:
+        original = LocalIntNode.__dict__[name]
+        saved.append((LocalIntNode, name, original))
+        patched.append((LocalIntNode, name, _compare_per_rank(name, original)))
+    for owner, name, value in patched:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)

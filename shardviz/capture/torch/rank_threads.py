@@ -1,0 +1,85 @@
+"""One thread per rank (``sv.use("threads")``): a c10d world per thread, the process-wide state a
+rank swaps in, and the process-group backend of a rank thread."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+# torch.distributed keeps its state (the default group, group names and ranks) in one module-level
+# ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
+# threaded test process group makes both per-thread; shardviz's rank threads use the same two
+# switches (torch's ThreadLocalWorld follows ``_World``'s fields from release to release).
+
+
+@contextlib.contextmanager
+def thread_local_c10d() -> Iterator[None]:
+    """While it lasts, each thread has its own torch.distributed state: a rank thread's default
+    process group, its meshes' groups and their names are its own, kept from one entry to the
+    next (they live in the thread). The notebook's own state is put back after."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    c10d = dist.distributed_c10d
+    isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
+    saved = c10d._world
+    c10d._world = ThreadLocalWorld()  # type: ignore[assignment]
+    isolate(True)
+    try:
+        yield
+    finally:
+        isolate(False)
+        c10d._world = saved
+
+
+def callback_work(wait: Callable[..., bool]) -> Any:
+    """A c10d Work, boxed as c10d ops return it, whose ``wait()`` calls ``wait(timeout)``: a
+    receive that blocks only when its result is asked for (``irecv``, ``batch_isend_irecv``)."""
+    from torch._C._distributed_c10d import PythonCallbackWork
+
+    return dist.distributed_c10d.Work.boxed(PythonCallbackWork(wait))
+
+
+def process_state() -> tuple[Any, ...]:
+    """What of torch's process-wide state a rank changes for itself: the CPU generator, the
+    default dtype, and DTensor's custom op handlers (``loss_parallel()`` adds its own while its
+    block lasts). Each rank thread has its own, swapped in when it runs, as if it were a process."""
+    handlers = DTensor._op_dispatcher._custom_op_handlers
+    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers))
+
+
+def restore_process_state(state: tuple[Any, ...]) -> None:
+    rng, dtype, handlers, contents = state
+    torch.set_rng_state(rng)
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+    dispatcher = DTensor._op_dispatcher
+    if dispatcher._custom_op_handlers is not handlers:
+        dispatcher._custom_op_handlers = handlers
+    if handlers != contents:
+        handlers.clear()
+        handlers.update(contents)
+
+
+RANK_BACKEND = "shardviz"
+
+
+def rank_backend() -> str:
+    """The process-group backend of a rank thread: torch's fake process group, whose every
+    collective reaches the dispatcher (where shardviz carries it out), under a name of its own.
+    Torch code that skips communicating on a group named "fake" (pipelining's shape inference
+    and p2p set-up from torch 2.15, DeviceMesh's device set-up) then does what it would on the
+    real backend the rank stands for."""
+    if RANK_BACKEND.upper() not in dist.Backend._plugins:
+        from torch._C._distributed_c10d import FakeProcessGroup
+
+        def create(common: Any, options: Any) -> Any:
+            # as torch's own "fake" backend creates it (the stubs lack the options argument)
+            return FakeProcessGroup._create_internal(common.group_rank, common.group_size, options)  # type: ignore[call-arg]
+
+        dist.Backend.register_backend(RANK_BACKEND, create, extended_api=True, devices=["cpu"])
+    return RANK_BACKEND
