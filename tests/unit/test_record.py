@@ -309,9 +309,16 @@ def test_a_graph_break_is_explained_as_dynamos_not_inductors():
 
 def test_fsdp2_runs_in_the_simulation_and_torch_is_left_as_it_was():
     import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+    import torch.distributed.fsdp._fully_shard._fsdp_state as fsdp_state
     from torch.distributed.fsdp import fully_shard
 
-    before = (fsdp_param.alloc_storage, fsdp_param.free_storage, fsdp_param.FSDPParam._init_sharded_param)
+    from shardviz.errors import BackendError
+
+    def torch_own(f):
+        return getattr(f, "__wrapped__", f)  # outside the simulation: torch's, behind a check
+
+    before = (torch_own(fsdp_param.alloc_storage), torch_own(fsdp_param.free_storage))
+    methods = (fsdp_param.FSDPParam._init_sharded_param, fsdp_state.FSDPState._pre_forward)
     sv.use("local", world_size=4)
     with sv.record() as trace:
         mesh = init_device_mesh("cpu", (4,))
@@ -319,7 +326,19 @@ def test_fsdp2_runs_in_the_simulation_and_torch_is_left_as_it_was():
         for layer in (m[0], m[2], m):
             fully_shard(layer, mesh=mesh)
         m(torch.randn(2, 8)).sum().backward()
+        simulated = sv.per_rank(lambda r: torch.ones(4) * r)
     assert {e.op for e in trace.collectives()} == {"all_gather", "reduce_scatter"}
-    after = (fsdp_param.alloc_storage, fsdp_param.free_storage, fsdp_param.FSDPParam._init_sharded_param)
-    assert after == before  # only patched while simulating
+    # torch's own methods are back; the storage functions are torch's for a plain tensor ...
+    assert (fsdp_param.FSDPParam._init_sharded_param, fsdp_state.FSDPState._pre_forward) == methods
+    assert (torch_own(fsdp_param.alloc_storage), torch_own(fsdp_param.free_storage)) == before
+    plain = torch.ones(4)
+    fsdp_param.free_storage(plain)
+    assert plain.untyped_storage().size() == 0
+    fsdp_param.alloc_storage(plain)
+    assert plain.untyped_storage().size() == 4 * plain.element_size()
+    # ... and refuse a simulated rank's, which torch's would leave as freed memory
+    with pytest.raises(BackendError, match="inside the simulation"):
+        fsdp_param.free_storage(simulated)
+    with pytest.raises(BackendError, match="sv.record"):
+        m(torch.randn(2, 8))
     assert no_modes_left()
