@@ -53,6 +53,33 @@ function onCommit(input, fn) {
   });
 }
 
+// A table whose rows (tr[data-row] inside `tableBox`) select with a click, Enter or Space: the
+// `selected` trait toggles between the row's index and -1. Returns the function that marks the
+// selected row (class sv-selected), to call when the trait changes.
+function selectableRows(root, tableBox, model, setTrait) {
+  function rowOf(target) {
+    const tr = target.closest ? target.closest("tr[data-row]") : null;
+    return tr && root.contains(tr) ? Number(tr.dataset.row) : null;
+  }
+  function pick(i) {
+    if (i === null) return;
+    setTrait("selected", model.get("selected") === i ? -1 : i);
+  }
+  tableBox.addEventListener("click", (ev) => pick(rowOf(ev.target)));
+  tableBox.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Enter" && ev.key !== " ") return;
+    const i = rowOf(ev.target);
+    if (i === null) return;
+    ev.preventDefault();
+    pick(i);
+  });
+  return () => {
+    for (const tr of tableBox.querySelectorAll("tr.sv-selected")) tr.classList.remove("sv-selected");
+    const tr = tableBox.querySelector(`tr[data-row="${model.get("selected")}"]`);
+    if (tr) tr.classList.add("sv-selected");
+  };
+}
+
 function rankList(ranks) {
   const rs = [...ranks].sort((a, b) => a - b);
   const out = [];

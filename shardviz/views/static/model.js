@@ -240,27 +240,9 @@ function render({ model, el, experimental }) {
     drawTable();
   }
 
-  function rowOf(target) {
-    const tr = target.closest ? target.closest("tr[data-row]") : null;
-    return tr && root.contains(tr) ? Number(tr.dataset.row) : null;
-  }
-  function pick(i) {
-    if (i === null) return;
-    setTrait("selected", model.get("selected") === i ? -1 : i);
-  }
-  tableBox.addEventListener("click", (ev) => pick(rowOf(ev.target)));
-  tableBox.addEventListener("keydown", (ev) => {
-    if (ev.key !== "Enter" && ev.key !== " ") return;
-    const i = rowOf(ev.target);
-    if (i === null) return;
-    ev.preventDefault();
-    pick(i);
-  });
-
+  const markSelected = selectableRows(root, tableBox, model, setTrait);
   const onSelected = () => {
-    for (const tr of tableBox.querySelectorAll("tr.sv-selected")) tr.classList.remove("sv-selected");
-    const tr = tableBox.querySelector(`tr[data-row="${model.get("selected")}"]`);
-    if (tr) tr.classList.add("sv-selected");
+    markSelected();
     drawDetail();
   };
   const onSummary = () => {
