@@ -78,8 +78,8 @@ def snapshot_dims(s: TensorSnapshot | list[TensorSnapshot] | None) -> str:
     return dims(s.shape)
 
 
-def rank_list(ranks: Iterable[int]) -> str:
-    """Ranks as ranges: ``0-3, 6, 8-9``."""
+def rank_runs(ranks: Iterable[int]) -> list[str]:
+    """Ranks in order as runs of consecutive ones: ``["0-3", "6", "8-9"]``."""
     out: list[str] = []
     rs = sorted(ranks)
     i = 0
@@ -89,7 +89,12 @@ def rank_list(ranks: Iterable[int]) -> str:
             j += 1
         out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
-    return ", ".join(out)
+    return out
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """Ranks as ranges: ``0-3, 6, 8-9``."""
+    return ", ".join(rank_runs(ranks))
 
 
 # --- the pieces of an event -----------------------------------------------------------------------
@@ -100,7 +105,7 @@ def group(g: Sequence[int]) -> str:
     count, so that a group of a million ranks is one short line."""
     if len(g) <= 16:
         return "[" + ",".join(str(r) for r in g) + "]"
-    pieces = rank_list(g).split(", ")
+    pieces = rank_runs(g)
     if len(pieces) > 8:
         pieces = [*pieces[:4], f"... {len(g)} ranks"]
     return "[" + ",".join(pieces) + "]"
@@ -145,7 +150,7 @@ def per_rank_dims(snaps: dict[int, Any]) -> str:
         by_shape.setdefault(snapshot_dims(snaps[rank]), []).append(rank)
     if len(by_shape) == 1:
         return next(iter(by_shape))
-    parts = [f"{rank_list(ranks).replace(', ', ',')}:{shape}" for shape, ranks in by_shape.items()]
+    parts = [f"{','.join(rank_runs(ranks))}:{shape}" for shape, ranks in by_shape.items()]
     if len(parts) > 4:
         parts = [*parts[:3], f"... {len(parts)} shapes"]
     return "{" + ", ".join(parts) + "}"

@@ -7,18 +7,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from ..describe import rank_runs
+
 
 def rank_ranges(ranks: Iterable[int]) -> str:
-    rs = sorted(set(ranks))
-    out = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
+    """Ranks as compact ranges, each once: ``0-1,3``."""
+    return ",".join(rank_runs(set(ranks)))
 
 
 def number(x: float | None) -> str:
