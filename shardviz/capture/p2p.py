@@ -35,18 +35,6 @@ from ..errors import BackendError, DeadlockError, P2PError
 from . import torch as _torch
 from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
 
-_COMPUTE_NAMES = {
-    "forward_one_chunk": "forward",
-    "backward_one_chunk": "backward",
-    "backward_weight_one_chunk": "backward_weight",
-}
-_OPS_PHASE = {
-    "get_fwd_send_ops": "forward",
-    "get_fwd_recv_ops": "forward",
-    "get_bwd_send_ops": "backward",
-    "get_bwd_recv_ops": "backward",
-}
-
 
 def live_ranks(world_size: int, threads: int) -> list[frozenset[int]]:
     """The ranks each thread stands for: contiguous blocks of ``world_size // threads``."""
@@ -295,7 +283,7 @@ class _Run:
             "thread": t,
             "start": self.tick(),
             "end": None,
-            "name": _COMPUTE_NAMES.get(method, method),
+            "name": _torch.STAGE_COMPUTE_NAMES.get(method, method),
             "stage": stage,
             "microbatch": chunk,
             "source": source,
@@ -307,7 +295,7 @@ class _Run:
             item["end"] = self.tick()
 
     def _ops(self, stage: int, method: str, chunk: int, tensors: list[Any]) -> None:
-        label = {"stage": stage, "microbatch": chunk, "phase": _OPS_PHASE.get(method, method)}
+        label = {"stage": stage, "microbatch": chunk, "phase": _torch.STAGE_OPS_PHASES.get(method, method)}
         for x in tensors:
             self.labels[id(x)] = (x, label)  # the tensor is kept: its id stays its own
 

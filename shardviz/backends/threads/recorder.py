@@ -17,18 +17,6 @@ from ...data.events import CollectiveEvent, ComputeEvent
 from ...data.interleave import Link
 from ...data.trace import Trace
 
-_COMPUTE_NAMES = {
-    "forward_one_chunk": "forward",
-    "backward_one_chunk": "backward",
-    "backward_weight_one_chunk": "backward_weight",
-}
-_OPS_PHASE = {
-    "get_fwd_send_ops": "forward",
-    "get_fwd_recv_ops": "forward",
-    "get_bwd_send_ops": "backward",
-    "get_bwd_recv_ops": "backward",
-}
-
 
 class RankRecorder(Recorder):
     """A rank's own recorder (as on a real rank) in a process where other ranks record too: it
@@ -96,7 +84,7 @@ class RankRecorder(Recorder):
         communicates (its tensor-parallel collectives)."""
         eid = self._reserve()
         source, _, _, _ = self._context()
-        name = _COMPUTE_NAMES.get(method, method)
+        name = _torch.STAGE_COMPUTE_NAMES.get(method, method)
         assert self.rank is not None
         self._slots[eid] = ComputeEvent(
             id=eid,
@@ -116,7 +104,7 @@ class RankRecorder(Recorder):
 
     def stage_ops(self, stage: int, method: str, chunk: int, tensors: list[Any]) -> None:
         """The tensors a stage is about to send or receive: their messages are pipeline traffic."""
-        label = {"stage": stage, "microbatch": chunk, "phase": _OPS_PHASE.get(method, method)}
+        label = {"stage": stage, "microbatch": chunk, "phase": _torch.STAGE_OPS_PHASES.get(method, method)}
         for x in tensors:
             self.labels[id(x)] = (x, label)  # the tensor is kept: its id stays its own
 

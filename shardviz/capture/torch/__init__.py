@@ -121,6 +121,8 @@ from .per_rank import (  # per-rank values in the simulation
     symint_at_rank,
 )
 from .pipelining import (  # pipelining stage hooks
+    STAGE_COMPUTE_NAMES,
+    STAGE_OPS_PHASES,
     pipeline_stage_hooks,
 )
 from .rank_threads import (  # one thread per rank: a c10d world per thread
@@ -159,6 +161,8 @@ __all__ = [
     "MIN_TORCH",
     "MODULE_CALL_CODE",
     "RANK_BACKEND",
+    "STAGE_COMPUTE_NAMES",
+    "STAGE_OPS_PHASES",
     "STORAGE_RESIZE_LISTENERS",
     "TESTED_UP_TO",
     "TORCH_DIR",

@@ -8,8 +8,21 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-_STAGE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
-_STAGE_OPS = ("get_fwd_recv_ops", "get_bwd_recv_ops", "get_fwd_send_ops", "get_bwd_send_ops")
+# A stage's compute methods, and the name each one's ComputeEvent carries.
+STAGE_COMPUTE_NAMES = {
+    "forward_one_chunk": "forward",
+    "backward_one_chunk": "backward",
+    "backward_weight_one_chunk": "backward_weight",
+}
+_STAGE_METHODS = tuple(STAGE_COMPUTE_NAMES)
+# A stage's methods that list the P2POps it is about to run, and the phase that traffic is in.
+STAGE_OPS_PHASES = {
+    "get_fwd_send_ops": "forward",
+    "get_fwd_recv_ops": "forward",
+    "get_bwd_send_ops": "backward",
+    "get_bwd_recv_ops": "backward",
+}
+_STAGE_OPS = tuple(STAGE_OPS_PHASES)
 
 
 @contextlib.contextmanager
