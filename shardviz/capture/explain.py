@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from types import TracebackType
 
-from ..errors import PerRankValueError, ShardvizError, explain
+from ..errors import ShardvizError, explain
 
 
 def _frames(tb: TracebackType | None) -> list[tuple[str, str, dict[str, object]]]:
@@ -146,10 +146,9 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
     if not isinstance(error, Exception):
         return error
     if isinstance(error, ShardvizError):
-        # shardviz's own errors say what to do already, except where a framework's code is the one
-        # that needed a per-rank int: its adapter names the framework's way out.
-        if isinstance(error, PerRankValueError):
-            _framework_error(error, _frames(error.__traceback__), lockstep=True)
+        # shardviz's own errors say what to do already; raised inside a framework's code (a per-rank
+        # int PhysicsNeMo needed), the framework's adapter adds the framework's way out.
+        _framework_error(error, _frames(error.__traceback__), lockstep=True)
         return error
     frames = _frames(error.__traceback__)
     msg = str(error.args[0]) if error.args else ""
