@@ -16,7 +16,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from ...geometry.mesh import MeshInfo
 from ...geometry.placement import Placement
 from .gate import StridedShard
-from .modes import no_dispatch
+from .modes import local_modes, no_dispatch
 from .tensors import dtype_name
 
 
@@ -126,12 +126,24 @@ _live_meshes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionar
 _mesh_births = 0
 
 
+def _forget_coordinates(key: int) -> None:
+    """A dead mesh's cached coordinates go with it. torch 2.13 keys LocalTensorMode's coordinate
+    cache by ``id(mesh)``, which the next mesh can take while the simulation runs: a dead
+    ``mesh["tp"]``'s coordinates then answered for a new ``mesh["dp"]``, whenever the garbage
+    collector freed the first in between. (From 2.14 on the keys are no ints: nothing to drop.)"""
+    for mode in local_modes():
+        cache = getattr(mode, "_coordinate_cache", None)
+        if isinstance(cache, dict):
+            cache.pop(key, None)  # atomic: no lock, which a collection inside torch's may hold
+
+
 def remember_mesh(mesh: Any) -> None:
     global _mesh_births
     if _live_meshes.get(id(mesh)) is mesh:
         return  # known: every recording notes its meshes again
     with contextlib.suppress(TypeError):  # a mesh that takes no weak reference is not kept
         _live_meshes[id(mesh)] = mesh
+        weakref.finalize(mesh, _forget_coordinates, id(mesh))
         _mesh_births += 1
 
 

@@ -35,6 +35,12 @@ def is_own_mode(mode: Any) -> bool:
     return mode in _own_modes
 
 
+def local_modes() -> list[Any]:
+    """shardviz's own LocalTensorModes and the active one (a harness's, which recording attaches to)."""
+    active = active_local_mode()
+    return [*_own_modes, *([active] if active is not None and active not in _own_modes else [])]
+
+
 @contextlib.contextmanager
 def watching_local_modes(
     on_enter: Callable[[Any], None], on_exit: Callable[[Any, tuple[Any, ...]], None]
