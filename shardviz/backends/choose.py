@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 from ..capture import torch as _torch
+from ..errors import BackendError
 from . import session
 from .base import Backend
 from .local import AttachedBackend, LocalBackend
@@ -46,6 +47,7 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
     old = session.peek()
     if old is not None and old.key() == key:
         return old
+    _refuse_inside_a_run(f"sv.use({name!r}, world_size={world_size})", old)
     if old is not None:
         old.close()
         session.install(None)
@@ -74,8 +76,21 @@ def current() -> Backend:
     return backend
 
 
+def _refuse_inside_a_run(call: str, old: Backend | None) -> None:
+    running = session.run_in_progress()
+    if running is None:
+        return
+    world = f"the {old.name!r} backend's {old.world_size} ranks" if old is not None else "its world"
+    raise BackendError(
+        f"{call} inside {running}: that recording runs on {world} from its start to its end, and "
+        "changing the world under it would give collectives over ranks its trace does not have and "
+        "numbers no real run gives. Call it before the block or cell starts, or after it ends."
+    )
+
+
 def restart() -> Backend:
     """Rebuild the current backend with the same arguments (real backends: in place)."""
+    _refuse_inside_a_run("sv.restart()", session.peek())
     backend = current().restart()
     session.install(backend)
     return backend

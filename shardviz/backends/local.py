@@ -26,6 +26,16 @@ from . import session
 from .base import MEMORY_REFUSED, check_world_size, counts_memory, rank_tensor
 
 
+def outside_simulation_note(world_size: int) -> str:
+    return (
+        f"shardviz: this collective ran outside the simulation. sv.use('local', world_size={world_size}) "
+        f"made a fake process group so that code inside sv.record(), sv.run(fn) or a %%spmd cell runs on "
+        f"{world_size} simulated ranks; outside them no rank but this process exists, and the collective "
+        f"would give the value of a world of one, which no real world of {world_size} ranks gives. Run it "
+        "inside `with sv.record():` (or sv.run / %%spmd), or on real ranks with sv.use('gloo', world_size=N)."
+    )
+
+
 class LocalBackend:
     name = "local"
     simulated = True
@@ -61,7 +71,10 @@ class LocalBackend:
                     f"sv.use('local', world_size={size}) if it is a fake group."
                 )
         hook = sys.excepthook
-        dist.init_process_group("fake", rank=0, world_size=self.world_size)
+        _torch.guard_fake_groups(outside_simulation_note(self.world_size))
+        dist.init_process_group(
+            "fake", rank=0, world_size=self.world_size, pg_options=_torch.simulation_world_options()
+        )
         # torch tags every later traceback of the process with "[rank0]:": the simulator is every
         # rank at once, and a plain error in the notebook or script is no rank's.
         sys.excepthook = hook
@@ -97,6 +110,8 @@ class LocalBackend:
     def close(self) -> None:
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
+        if self._owns_pg:
+            _torch.unguard_fake_groups()
         self._owns_pg = False
 
     def restart(self) -> LocalBackend:
@@ -119,7 +134,7 @@ class LocalBackend:
         else:
             recorder = Recorder(trace, self.world_size, values)
         try:
-            with self.simulate(), recorder:
+            with session.running("sv.record()"), self.simulate(), recorder:
                 yield trace
         except BaseException as e:
             trace.complete = False
@@ -148,11 +163,12 @@ class LocalBackend:
 
             self._ensure_pg()
             trace = Trace(self.world_size, "local", values)
-            run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
+            with session.running(f"sv.run(fn, threads={threads})"):
+                run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
             return trace
         from ..capture.recorder import split_per_rank
 
-        with self.record(values, memory=memory) as trace:
+        with session.running("sv.run(fn)"), self.record(values, memory=memory) as trace:
             result = fn(*args, **kwargs)
             trace.results = split_per_rank(result, range(self.world_size))
         return trace
@@ -181,7 +197,10 @@ class LocalBackend:
 
         body, last = compile_cell(cell)
         ns = shell.user_ns
-        with self.record(DEFAULT_VALUE_BUDGET if values is None else values):
+        with (
+            session.running("a %%spmd cell"),
+            self.record(DEFAULT_VALUE_BUDGET if values is None else values),
+        ):
             return run_compiled(body, last, ns)
 
     def show(self, obj: Any, **options: Any) -> Any:
