@@ -110,6 +110,9 @@ from .ops import (  # operator schemas
     written_arguments,
 )
 from .p2p_runner import (  # point-to-point: runner threads
+    STOP_WAIT as P2P_STOP_WAIT,
+)
+from .p2p_runner import (
     P2PAborted,
     P2PGroupError,
     P2PMessage,
@@ -165,6 +168,7 @@ __all__ = [
     "MIN_TORCH",
     "MODULE_CALL_CODE",
     "OUTSIDE_SIMULATION_ERROR",
+    "P2P_STOP_WAIT",
     "RANK_BACKEND",
     "STAGE_COMPUTE_NAMES",
     "STAGE_OPS_PHASES",
