@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
-from . import session
+from . import capacity, session
 from .base import MEMORY_REFUSED, check_world_size, counts_memory, rank_tensor
 
 
@@ -159,8 +159,15 @@ class LocalBackend:
         if threads is not None:
             if counts_memory(memory):
                 raise NotImplementedError(MEMORY_REFUSED)
-            from ..capture.p2p import run_threads
+            from ..capture.p2p import live_ranks, run_threads
 
+            live_ranks(self.world_size, threads)  # a bad threads= is refused before anything else
+            capacity.check(
+                f"sv.run(fn, threads={threads:,})",
+                threads,
+                threads * self.world_size,  # each thread simulates the whole world
+                "Use fewer threads (a divisor of the world size, e.g. the pipeline size)",
+            )
             self._ensure_pg()
             trace = Trace(self.world_size, "local", values)
             with session.running(f"sv.run(fn, threads={threads})"):
