@@ -116,9 +116,9 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def check(call: str, threads: int, ranks: int, way_out: str) -> None:
+def check(call: str, threads: int, ranks: int, way_out: str, override: str = f"pass {OVERRIDE}") -> None:
     """Refuse ``call`` before it starts when its ``threads`` new threads or the memory of ``ranks``
-    simulated ranks cannot fit on this machine now."""
+    simulated ranks cannot fit on this machine now; the message names ``way_out`` and ``override``."""
     problems = []
     if threads:
         room, why = thread_room()
@@ -134,6 +134,6 @@ def check(call: str, threads: int, ranks: int, way_out: str) -> None:
     if problems:
         raise BackendError(
             f"{call} needs {' and '.join(problems)}: it cannot run on this machine, so nothing was "
-            f"started. {way_out}, or pass {OVERRIDE} to try anyway (a thread the OS refuses then "
+            f"started. {way_out}, or {override} to try anyway (a thread the OS refuses then "
             "fails the start, and the threads started are stopped again)."
         )

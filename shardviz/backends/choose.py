@@ -43,7 +43,7 @@ def _check(name: str, world_size: int, options: dict[str, Any]) -> None:
 def _build(name: str, world_size: int, **options: Any) -> Backend:
     _check(name, world_size, options)
     if name == "local":
-        return LocalBackend(world_size)
+        return LocalBackend(world_size, options.get(CHECK_CAPACITY, True))
     if name == "threads":
         from .threads import ThreadsBackend  # its meeting point loads only when asked for
 

@@ -40,8 +40,9 @@ class LocalBackend:
     name = "local"
     simulated = True
 
-    def __init__(self, world_size: int = 4) -> None:
+    def __init__(self, world_size: int = 4, check_capacity: bool = True) -> None:
         self.world_size = check_world_size(world_size)
+        self.check_capacity = check_capacity  # sv.run(fn, threads=N) checks N against the machine
         self._owns_pg = False
         self._ensure_pg()
         # One mode for the backend's life: its cache of per-rank mesh coordinates then survives
@@ -117,7 +118,7 @@ class LocalBackend:
     def restart(self) -> LocalBackend:
         """A new simulator of the same size: a new fake process group and a fresh mode."""
         self.close()
-        return LocalBackend(self.world_size)
+        return LocalBackend(self.world_size, self.check_capacity)
 
     @contextlib.contextmanager
     def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
@@ -162,12 +163,14 @@ class LocalBackend:
             from ..capture.p2p import live_ranks, run_threads
 
             live_ranks(self.world_size, threads)  # a bad threads= is refused before anything else
-            capacity.check(
-                f"sv.run(fn, threads={threads:,})",
-                threads,
-                threads * self.world_size,  # each thread simulates the whole world
-                "Use fewer threads (a divisor of the world size, e.g. the pipeline size)",
-            )
+            if self.check_capacity:
+                capacity.check(
+                    f"sv.run(fn, threads={threads:,})",
+                    threads,
+                    threads * self.world_size,  # each thread simulates the whole world
+                    "Use fewer threads (a divisor of the world size, e.g. the pipeline size)",
+                    f"call sv.use('local', world_size={self.world_size}, {capacity.OVERRIDE}) first",
+                )
             self._ensure_pg()
             trace = Trace(self.world_size, "local", values)
             with session.running(f"sv.run(fn, threads={threads})"):
@@ -235,6 +238,7 @@ class AttachedBackend(LocalBackend):
             )
         self._owns_pg = False
         self._mode = mode
+        self.check_capacity = True
 
     def key(self) -> tuple[Any, ...]:
         return ("attached", id(self._mode))

@@ -303,8 +303,9 @@ def test_a_world_larger_than_the_machine_is_refused_before_anything_starts(name)
     assert choose.current() is old  # the backend in use stays
     no_thread_left(before)
     sv.use("local", world_size=4096)  # a world that fits, with more threads than it can hold
-    with pytest.raises(BackendError, match=r"sv\.run\(fn, threads=4,096\) needs at least"):
+    with pytest.raises(BackendError, match=r"sv\.run\(fn, threads=4,096\) needs at least") as info:
         sv.run(lambda t: None, threads=4096)
+    assert "sv.use('local', world_size=4096, check_capacity=False) first" in str(info.value)
     no_thread_left(before)
 
 
