@@ -617,7 +617,7 @@ class RankThreads:
 
 
 STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the ranks to stop
-IDLE_WAIT = 2.0  # seconds a run waits for a stopped run's threads
+IDLE_WAIT = 3.0  # seconds a run waits for a stopped run's threads
 
 
 def _exit_error(error: SystemExit, rank: int, world_size: int, where: str) -> RankExitError:

@@ -285,6 +285,36 @@ def test_ctrl_c_while_a_rank_is_in_a_call_python_cannot_interrupt(kind, presses)
     no_thread_left(before, grace=2.0)
 
 
+@pytest.mark.timeout(60)
+def test_a_run_after_a_rank_that_does_not_stop_is_refused_until_it_does(kind, monkeypatch):
+    """The next run waits for a rank still in an uninterruptible call only so long (here 0.3 s),
+    then says so; once the call ends, runs are right again."""
+    monkeypatch.setattr("shardviz.capture.threadpg.IDLE_WAIT", 0.3)
+    monkeypatch.setattr("shardviz.capture.torch.p2p_runner.SETTLE_WAIT", 0.3)
+    lock = threading.Lock()
+    lock.acquire()
+    released = threading.Event()
+
+    def fault(rank: int) -> None:
+        if rank == 1:
+            ctrl_c.ready.set()
+            lock.acquire()  # a blocking C call, on purpose
+            lock.release()
+
+    ctrl_c = CtrlC()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(kind, fault)
+    finally:
+        ctrl_c.finish()
+    with pytest.raises(BackendError, match=r"(rank|thread) 1 .*cannot interrupt") as info:
+        next_run_is_right(kind)
+    assert "lock.acquire()" in str(info.value)
+    threading.Timer(0.1, lambda: (lock.release(), released.set())).start()
+    assert released.wait(10)
+    next_run_is_right(kind)
+
+
 # --- worlds larger than the machine ----------------------------------------------------------
 
 

@@ -41,7 +41,7 @@ class _Stopped(BaseException):
 
 
 STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the runner threads to stop
-SETTLE_WAIT = 2.0  # seconds a run waits for the threads a stopped run left in an uninterruptible call
+SETTLE_WAIT = 3.0  # seconds a run waits for the threads a stopped run left in an uninterruptible call
 
 # Runs stopped by Ctrl-C whose threads were still in a call Python cannot interrupt: (those threads,
 # each one's thread index, where they were, LocalTensorMode's process-mode flag to put back once
