@@ -205,6 +205,7 @@ def test_fails_after_the_folder_is_gone():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ids_that_read_alike_links_and_a_broken_folder_lose_no_trace(tmp_path):
     (tmp_path / "test_alike.py").write_text(_ALIKE_TESTS.format(ids=_ALIKE_IDS))
