@@ -12,7 +12,6 @@ the start cannot pass, so the check refuses only what cannot fit; ``check_capaci
 from __future__ import annotations
 
 import os
-import resource
 import threading
 from pathlib import Path
 
@@ -77,10 +76,15 @@ def thread_room() -> tuple[int | None, str]:
         room.append(
             (pids_max - pids_now, f"this cgroup's pids.max {pids_max:,} less the {pids_now:,} in use")
         )
-    mine = threading.active_count()
-    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
-    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:  # root is not held to it
-        room.append((soft - mine, f"ulimit -u {soft:,} less this process's {mine} threads"))
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        resource = None  # type: ignore[assignment]
+    if resource is not None and hasattr(resource, "RLIMIT_NPROC"):
+        mine = threading.active_count()
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft != resource.RLIM_INFINITY and os.geteuid() != 0:  # root is not held to it
+            room.append((soft - mine, f"ulimit -u {soft:,} less this process's {mine} threads"))
     maps = _read_int("/proc/sys/vm/max_map_count")
     if maps is not None:
         try:
