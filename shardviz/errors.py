@@ -27,6 +27,15 @@ class SimulationWarning(UserWarning):
     """Code that runs under the simulation but does not mean what it would on real ranks."""
 
 
+class RankExitError(ShardvizError, RuntimeError):
+    """A simulated rank (a thread) called ``sys.exit``: the run stops, and the process goes on."""
+
+    def __init__(self, message: str, rank: int, code: object = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.code = code
+
+
 class TraceFileError(ShardvizError, ValueError):
     """A file is not a shardviz trace, is damaged, or comes from a newer shardviz."""
 

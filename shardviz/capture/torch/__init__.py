@@ -16,8 +16,10 @@ from torch.distributed.tensor import DTensor
 
 from ...geometry.mesh import MeshInfo
 from .c10d import (  # process groups and collectives
+    OUTSIDE_SIMULATION_ERROR,
     fake_work,
     flight_recorder_dump,
+    guard_fake_groups,
     is_default_group,
     p2p_groups,
     premul_factor,
@@ -27,6 +29,8 @@ from .c10d import (  # process groups and collectives
     process_group_ranks,
     reduce_op_name,
     settled,
+    simulation_world_options,
+    unguard_fake_groups,
     wait_collective,
 )
 from .frames import (  # torch's own frames and files
@@ -106,6 +110,9 @@ from .ops import (  # operator schemas
     written_arguments,
 )
 from .p2p_runner import (  # point-to-point: runner threads
+    STOP_WAIT as P2P_STOP_WAIT,
+)
+from .p2p_runner import (
     P2PAborted,
     P2PGroupError,
     P2PMessage,
@@ -160,6 +167,8 @@ __all__ = [
     "GET_RANK_PER_RANK",
     "MIN_TORCH",
     "MODULE_CALL_CODE",
+    "OUTSIDE_SIMULATION_ERROR",
+    "P2P_STOP_WAIT",
     "RANK_BACKEND",
     "STAGE_COMPUTE_NAMES",
     "STAGE_OPS_PHASES",
@@ -202,6 +211,7 @@ __all__ = [
     "fsdp_in_simulation",
     "fsdp_owner",
     "group_rank_map",
+    "guard_fake_groups",
     "in_backward",
     "is_compiled_code",
     "is_compiled_module",
@@ -251,6 +261,7 @@ __all__ = [
     "restore_process_state",
     "reuse_local_mode",
     "settled",
+    "simulation_world_options",
     "spec_geometry",
     "storage_users",
     "strided_shard_scatter_on_stack",
@@ -258,6 +269,7 @@ __all__ = [
     "tensor_users",
     "thread_local_c10d",
     "tracking_meshes",
+    "unguard_fake_groups",
     "version_counter",
     "view_base",
     "wait_collective",

@@ -232,3 +232,104 @@ def p2p_groups(group: Any) -> list[tuple[int, ...]]:
     found = lt_c10d._prepare_collective_groups(group)
     ranks, offsets = found[0], found[1]
     return [tuple(int(o) + int(r) for r in ranks) for o in offsets]
+
+
+# --- the lockstep simulator's fake process groups, outside the simulation ----------------------
+
+# LocalTensorMode carries out every collective inside the simulation itself; one that reaches the
+# fake process group ran outside it, where the fake group would leave its tensors as they are: the
+# value of a world of one, which no real world of N ranks gives. With ``error_on_collective`` the
+# group raises instead (torch's own message, which names neither the simulation nor the way out).
+OUTSIDE_SIMULATION_ERROR = "FakeProcessGroup collective operation error"
+
+
+def _fake_options() -> Any:
+    """Options for a fake process group whose collectives raise; None on a torch without them."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    options_type = getattr(FakeProcessGroup, "Options", None)
+    if options_type is None or not hasattr(options_type(), "error_on_collective"):
+        return None
+    options = options_type()
+    options.error_on_collective = True
+    return options
+
+
+class _Guard:
+    """The fake backend's creator made to refuse collectives, and c10d's error log made to explain
+    that refusal, while the lockstep simulator owns the default process group."""
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+        self.plugin: Any = None
+        self.logger: Any = None
+
+    def creator(self, common: Any, options: Any) -> Any:
+        # a mesh's sub-groups (new_group) are made with no options, and would do nothing
+        guarded = _fake_options()
+        if guarded is not None:
+            if options is not None:
+                for name in ("group_name", "global_ranks_in_group", "_timeout"):
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(guarded, name, getattr(options, name))
+            options = guarded
+        return self.plugin.creator_fn(common, options)
+
+    def filter(self, record: Any) -> bool:
+        """c10d logs every ``dist.*`` call that raised from inside its ``except`` block: the error is
+        the one being handled, and this adds the explanation to it."""
+        import sys
+
+        error = sys.exc_info()[1]
+        if (
+            error is not None
+            and OUTSIDE_SIMULATION_ERROR in str(error)
+            and self.note not in getattr(error, "__notes__", ())
+        ):
+            error.add_note(self.note)
+        return True
+
+
+_guard: _Guard | None = None
+
+
+def simulation_world_options() -> Any:
+    """``pg_options`` for the simulator's default process group: its collectives raise when they
+    run outside the simulation (None on a torch whose fake group cannot)."""
+    return _fake_options()
+
+
+def guard_fake_groups(note: str) -> None:
+    """From now until ``unguard_fake_groups``: every fake process group made (a mesh's sub-groups)
+    refuses collectives, and the error of one refused through ``torch.distributed`` carries ``note``."""
+    global _guard
+    if _guard is not None:
+        _guard.note = note
+        return
+    if _fake_options() is None:
+        return
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
+    plugin = dist.Backend._plugins.get("FAKE")
+    if plugin is None:
+        return
+    guard = _Guard(note)
+    guard.plugin = plugin
+    dist.Backend._plugins["FAKE"] = plugin._replace(creator_fn=guard.creator)
+    from torch.distributed import c10d_logger
+
+    guard.logger = getattr(c10d_logger, "_c10d_logger", None)
+    if guard.logger is not None:
+        guard.logger.addFilter(guard.filter)
+    _guard = guard
+
+
+def unguard_fake_groups() -> None:
+    global _guard
+    guard, _guard = _guard, None
+    if guard is None:
+        return
+    current = dist.Backend._plugins.get("FAKE")
+    if current is not None and current.creator_fn == guard.creator:
+        dist.Backend._plugins["FAKE"] = guard.plugin
+    if guard.logger is not None:
+        guard.logger.removeFilter(guard.filter)

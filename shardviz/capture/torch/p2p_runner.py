@@ -7,6 +7,7 @@ import collections
 import contextlib
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .. import stopping
 from .c10d import fake_work, p2p_groups, process_group_desc
 from .gate import LocalTensor, TorchDispatchMode, _private
 from .modes import new_local_mode, no_dispatch
@@ -31,6 +33,40 @@ class P2PStuck(RuntimeError):
 
 class P2PAborted(RuntimeError):
     """This thread stopped because another thread of the run failed first."""
+
+
+class _Stopped(BaseException):
+    """Raised in a runner thread at its next line of Python (or in its sleep) on Ctrl-C: a
+    BaseException, so that the user's ``except Exception`` does not swallow it."""
+
+
+STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the runner threads to stop
+SETTLE_WAIT = 3.0  # seconds a run waits for the threads a stopped run left in an uninterruptible call
+
+# Runs stopped by Ctrl-C whose threads were still in a call Python cannot interrupt: (those threads,
+# each one's thread index, where they were, LocalTensorMode's process-mode flag to put back once
+# they end). Until then the flag stays off, so that every thread keeps its own list of active
+# modes: a straggler leaving its mode touches only its own, never the notebook's.
+_stopped_runs: list[tuple[dict[int, Any], dict[int, str], bool]] = []
+
+
+def _settle_stopped_runs(wait: float) -> None:
+    from ...errors import BackendError
+
+    deadline = time.monotonic() + wait
+    for entry in list(_stopped_runs):
+        threads, where, process_mode = entry
+        stopping.wait_ended(threads.values(), deadline)
+        alive = [t for t, th in threads.items() if th.is_alive()]
+        if alive:
+            raise BackendError(
+                "a run of sv.run(fn, threads=N) stopped by Ctrl-C left "
+                + "; ".join(f"thread {t} {where.get(t, 'running')}" for t in alive)
+                + " in a call Python cannot interrupt, and a new threaded run cannot start until it "
+                "ends: wait for it (or restart the kernel)"
+            )
+        _stopped_runs.remove(entry)
+        _private["local_tensor_module"]._PROCESS_MODE = process_mode
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,6 +143,13 @@ class ThreadedP2P:
         self.interrupted: BaseException | None = None  # what stopped the calling thread (Ctrl-C)
         self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
         self.results: dict[int, Any] = {}
+        self.error_thread: int | None = None  # the thread whose error ended the run
+        self.idents: dict[int, int] = {}  # thread index -> its thread's id
+        self.left_running: list[int] = []  # threads still running when a Ctrl-C stopped waiting
+        self.positions: dict[int, str] = {}  # where each thread was when the run was stopped
+        self._stop = stopping.Stop(_Stopped)
+        self._stop_lock = threading.Lock()
+        self._done: set[int] = set()  # threads past their body: no stop may be raised in them
         self._runner: Any = None
         self._local = threading.local()
 
@@ -119,17 +162,25 @@ class ThreadedP2P:
         LocalTensorMode and under the P2P mode (a recorder goes there)."""
         from torch.distributed._local_tensor import LocalRunnerMode
 
+        _settle_stopped_runs(SETTLE_WAIT)
         saved = _patched_globals()
         dist.distributed_c10d._check_not_self_rank = lambda *a, **k: None  # the fake PG is rank 0
         cond_box: list[Any] = []
 
         def main(t: int) -> None:
+            self.idents[t] = threading.get_ident()
+            stopping.enrol(self._stop)
             try:
-                body(t)
-            except BaseException as e:
-                if self.error is None and not isinstance(e, P2PAborted):
-                    self.error = e
-                cond_box[0].notify_all()
+                try:
+                    body(t)
+                except BaseException as e:
+                    self._note_error(e, t)
+                    cond_box[0].notify_all()
+            finally:
+                stopping.leave()
+                with self._stop_lock:  # no stop is raised in this thread after this
+                    self._done.add(t)
+                    stopping.clear_pending(threading.get_ident())
 
         def body(t: int) -> None:
             self._local.thread = t
@@ -142,8 +193,7 @@ class ThreadedP2P:
                         with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
                             self.results[t] = fn(t)
                     except BaseException as e:
-                        if self.error is None and not isinstance(e, P2PAborted):
-                            self.error = e
+                        self._note_error(e, t)
                         raise
                     finally:
                         # Keep this thread's mode (and the globals it patched) until all are done.
@@ -175,33 +225,65 @@ class ThreadedP2P:
         self._runner = runner
         try:
             try:
-                runner.__enter__()  # starts the threads
-                self._join(runner)
+                with stopping.stoppable_sleeps():
+                    runner.__enter__()  # starts the threads
+                    self._join(runner)
             except BaseException as e:
-                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run:
-                # they stop at their next operator or wait, and are joined before the globals they
-                # run under are reset, so that a later run starts clean.
+                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run, or
+                # a thread the OS refused to start: they stop at their next line of Python (a sleep
+                # at once), and are joined before the globals they run under are reset, so that a
+                # later run starts clean. One in a call Python cannot interrupt is named instead.
                 self.interrupted = e
-                self._join(runner)
+                self._stop_runners(runner)
                 raise
         finally:
             # Not LocalRunnerMode.__exit__: it re-raises the first thread's error before resetting
             # its globals and leaves the other threads unjoined.
             if getattr(ltm_mod, "_LOCAL_RUNNER_MODE", None) is runner:
                 ltm_mod._LOCAL_RUNNER_MODE = None
-            ltm_mod._PROCESS_MODE = process_mode
+            alive = {t: th for t, th in enumerate(runner._runners) if th.is_alive()}
+            if alive:
+                _stopped_runs.append((alive, {t: self.positions.get(t, "") for t in alive}, process_mode))
+            else:
+                ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)
         if self.error is not None:
             raise self.error
         return self.results
 
+    def where(self, t: int) -> str:
+        """What thread ``t`` is doing now, for messages."""
+        if t in self.finished:
+            return "finished"
+        if t in self.waiting:
+            return f"waiting for {self.waiting[t][1]}{self.describe(t)}"
+        if t not in self.idents:
+            return "had not started"
+        return f"running{self.describe(t)}"
+
+    def _note_error(self, error: BaseException, thread: int) -> None:
+        if self.error is None and not isinstance(error, P2PAborted | _Stopped):
+            self.error, self.error_thread = error, thread
+
     @staticmethod
-    def _join(runner: Any) -> None:
+    def _join(runner: Any, deadline: float | None = None) -> None:
         """Wait for every runner thread that was started (a KeyboardInterrupt can come while
-        ``LocalRunnerMode`` starts them)."""
-        for thread in runner._runners:
-            if thread.ident is not None:
-                threading.Thread.join(thread)
+        ``LocalRunnerMode`` starts them), until ``deadline`` (``time.monotonic()``) if given."""
+        stopping.wait_ended(runner._runners, deadline)
+
+    def _stop_runners(self, runner: Any) -> None:
+        """The thread that runs stops at its next line of Python (a sleep at once); the others,
+        waiting for their turn, see ``interrupted`` within half a second."""
+        self.positions = {t: self.where(t) for t in range(self.threads)}
+        self._stop.set()
+        with self._stop_lock:
+            running = self.turn
+            ident = self.idents.get(running) if running is not None else None
+            if ident is not None and running not in self._done:
+                stopping.raise_in(ident, _Stopped)
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+            self._join(runner, time.monotonic() + STOP_WAIT)
+        self.left_running = [t for t, th in enumerate(runner._runners) if th.is_alive()]
 
     def check_stop(self) -> None:
         """Raise ``P2PAborted`` in a runner thread once another thread failed or the run was
