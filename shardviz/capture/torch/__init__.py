@@ -131,6 +131,7 @@ from .rank_threads import (  # one thread per rank: a c10d world per thread
     process_state,
     rank_backend,
     restore_process_state,
+    settle_cuda_guard,
     thread_local_c10d,
 )
 from .tensors import (  # tensor internals
@@ -250,6 +251,7 @@ __all__ = [
     "remember_mesh",
     "restore_process_state",
     "reuse_local_mode",
+    "settle_cuda_guard",
     "settled",
     "spec_geometry",
     "storage_users",
