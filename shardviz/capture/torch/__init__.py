@@ -48,6 +48,7 @@ from .fsdp import (  # FSDP2 in the simulation
     fsdp_owner,
 )
 from .gate import (  # the version gate and what moved between releases
+    COMPILES_IN_SIMULATION,
     GET_RANK_PER_RANK,
     MIN_TORCH,
     TESTED_UP_TO,
@@ -154,6 +155,7 @@ from .user_calls import (  # to_local / from_local watched
 
 __all__ = [
     "C10D_API_FILES",
+    "COMPILES_IN_SIMULATION",
     "DISPATCH_PLUMBING",
     "DTENSOR_DISPATCH_FILE",
     "FSDP_BACKWARD_METHODS",

@@ -101,3 +101,10 @@ def strided_split_factor(p: Any) -> int:
     symbolic value there), a plain attribute before."""
     read = getattr(p, "_split_factor_int", None)
     return int(read()) if read is not None else int(p.split_factor)
+
+
+# torch.compile under the simulation: from 2.13 LocalTensorMode tells Dynamo to compile through it
+# (``ignore_compile_internals``); on 2.11 and 2.12 Dynamo skips every frame while it is active,
+# so compiled functions and modules run eagerly, uncompiled (right values, every op recorded at
+# its own line; nothing about the compiled code is learnt there).
+COMPILES_IN_SIMULATION = bool(LocalTensorMode.ignore_compile_internals())
