@@ -241,9 +241,7 @@ def test_torch_compile_eager_backends_work_and_inductor_is_explained():
         with sv.record() as trace:
             out = torch.compile(lambda t: (t * 3).sum(), backend="inductor")(dt)
         assert out.full_tensor().reconcile().item() == 3 * sum(range(8))
-        assert [e.source.text for e in trace.events if e.kind == "op"][0].endswith(
-            '(t * 3).sum(), backend="inductor")(dt)'
-        )
+        assert any("(t * 3).sum()" in e.source.text for e in trace.events if e.kind == "op")
         assert no_modes_left()
         return
     with pytest.raises(Exception, match='backend="aot_eager"') as e, sv.record():
