@@ -33,7 +33,7 @@ NODE_STAMP := node_modules/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo test test-unit test-compat test-old gpu-wheels lint bench notebooks clean
+.PHONY: setup demo frameworks test test-unit test-compat test-old gpu-wheels lint bench notebooks clean
 
 setup: $(VENV)/.installed
 
@@ -50,15 +50,27 @@ endef
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
-	$(BIN)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
-	$(BIN)/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
+	$(call install_frameworks,$(BIN))
 	@touch $@ $(DEMO_STAMP)
 
-# What `make demo` needs, none of the test toolchain: shardviz with the `notebook` extra.
+# torchtitan and PhysicsNeMo (notebooks 09 and 10) without their declared dependencies, which would
+# replace torch (their imports' needs are the `titan` and `physicsnemo` extras); $(1) is a venv's bin.
+define install_frameworks
+	$(1)/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
+	$(1)/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
+endef
+
+# What `make demo` needs to run every notebook, none of the test toolchain: shardviz with the
+# `notebook` extra, then torchtitan and PhysicsNeMo. Binder's postBuild installs the same.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[notebook]"
+	$(call install_frameworks,$(BIN))
 	@touch $@
+
+# The --no-deps packages above, for binder/postBuild.
+frameworks:
+	@echo "$(TORCHTITAN)" $(PHYSICSNEMO)
 
 demo: $(DEMO_STAMP)
 	@echo "Starting JupyterLab on notebooks/ at http://$(HOST):$(PORT)/ (the URL with its login token follows)"
@@ -85,8 +97,7 @@ $(COMPAT_STAMP): pyproject.toml
 	@echo "installing $(TORCH_NEWEST) into $(COMPAT_VENV) (a CUDA build from PyPI: ~3 GB to download)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off "$(TORCH_NEWEST)"
 	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
-	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
-	$(COMPAT_VENV)/bin/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
+	$(call install_frameworks,$(COMPAT_VENV)/bin)
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 
@@ -101,8 +112,7 @@ $(OLD_STAMP): pyproject.toml
 	@echo "installing torch==$(TORCH_OLD) into $(OLD_VENV) (a CUDA build from PyPI: ~3 GB to download)"
 	$(OLD_VENV)/bin/python -m pip install --progress-bar off "torch==$(TORCH_OLD)"
 	$(OLD_VENV)/bin/python -m pip install --progress-bar off -e ".[test]"
-	$(OLD_VENV)/bin/python -m pip install --progress-bar off --no-deps "$(TORCHTITAN)"
-	$(OLD_VENV)/bin/python -m pip install --progress-bar off --no-deps $(PHYSICSNEMO)
+	$(call install_frameworks,$(OLD_VENV)/bin)
 	@rm -f $(OLD_VENV)/.installed-*
 	@touch $@
 
