@@ -77,9 +77,10 @@ demo: $(DEMO_STAMP)
 	cd notebooks && ../$(BIN)/jupyter lab --no-browser --ip=$(HOST) --port=$(PORT) $(ALLOW_ROOT) \
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
 
-# Everything: the linters and type checker (`make lint`), then the whole suite.
+# Everything: the linters and type checker (`make lint`), then the whole suite. The notebooks run
+# once, in tests/test_demo.py: in a kernel of an environment built as `make demo` builds it.
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --ignore=notebooks $(PYTEST_ARGS)
 
 # The unit tests alone (~1 minute): no browser, no cluster, no notebooks, nothing marked slow
 # (building the wheel); `make test` runs those too.
