@@ -102,8 +102,10 @@ $(COMPAT_STAMP): pyproject.toml
 	@rm -f $(COMPAT_VENV)/.installed-*
 	@touch $@
 
-# The unit tests and the notebooks that apply on an older torch (TORCH_OLD) in $(OLD_VENV).
-OLD_TESTS ?= tests/unit notebooks
+# The unit tests (not those marked slow) and notebooks 01-05 on an older torch (TORCH_OLD) in
+# $(OLD_VENV): what CI runs on the oldest. On 2.11 notebooks 06-08, 10 and 11 pass too (~6 more
+# minutes: `make test-old OLD_TESTS="tests/unit notebooks"`); 09's torchtitan 0.3.0 does not import on 2.11.
+OLD_TESTS ?= -m "not slow" tests/unit $(sort $(wildcard notebooks/0[1-5]_*.ipynb))
 test-old: $(OLD_STAMP)
 	$(OLD_VENV)/bin/python -c "import torch; print('test-old: torch', torch.__version__)"
 	$(OLD_VENV)/bin/python -m pytest $(OLD_TESTS) $(PYTEST_ARGS)
