@@ -4,7 +4,6 @@ runs it on its own: 2.11, 2.13, 2.15)."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,5 +54,4 @@ def test_the_torchtitan_row_says_whether_it_imports_here():
     done = subprocess.run(
         [sys.executable, "-c", "import torchtitan.models.llama3"], capture_output=True, timeout=110
     )
-    assert (cell == "✓") == (done.returncode == 0), (cell, done.stderr[-500:])
-    assert re.fullmatch(r"✓|–", cell)
+    assert (cell != "–") == (done.returncode == 0), (cell, done.stderr[-500:])
