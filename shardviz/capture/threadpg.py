@@ -154,6 +154,7 @@ class RankThreads:
             self._state[r] = (rng.clone(), dtype, handlers, dict(contents))
         self._busy: set[int] = set()  # ranks whose thread is in a job (a stopped run's may still be)
         self.stop = stopping.Stop(_Aborted)
+        _torch.settle_cuda_guard()
         self.closed = False
         self._threads: list[threading.Thread] = []
         try:
@@ -604,13 +605,14 @@ class RankThreads:
 
         self.block(rank, _Wait(lambda: bool(q), what, lambda: [src]))
         msg = q.pop(0)
-        if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
+        if buf.numel() != msg.value.numel() or buf.dtype != msg.value.dtype:
             raise CollectiveMismatchError(
                 f"recv on rank {rank} from rank {src}: the receive buffer is {dims(buf)} but rank {src} "
-                f"sent {dims(msg.value)}; they must match, as on real process groups{_where(frame)}"
+                f"sent {dims(msg.value)}; real process groups need the same number of elements of "
+                f"the same dtype{_where(frame)}"
             )
         with _torch.no_dispatch(), torch.no_grad():
-            buf.copy_(msg.value)
+            buf.copy_(msg.value.reshape(buf.shape))  # the bytes, as real ranks move them
         msg.received = True
         msg.stamp = self.tick()
         return msg

@@ -52,6 +52,7 @@ from .fsdp import (  # FSDP2 in the simulation
     fsdp_owner,
 )
 from .gate import (  # the version gate and what moved between releases
+    COMPILES_IN_SIMULATION,
     GET_RANK_PER_RANK,
     MIN_TORCH,
     TESTED_UP_TO,
@@ -138,6 +139,7 @@ from .rank_threads import (  # one thread per rank: a c10d world per thread
     process_state,
     rank_backend,
     restore_process_state,
+    settle_cuda_guard,
     thread_local_c10d,
 )
 from .tensors import (  # tensor internals
@@ -160,6 +162,7 @@ from .user_calls import (  # to_local / from_local watched
 
 __all__ = [
     "C10D_API_FILES",
+    "COMPILES_IN_SIMULATION",
     "DISPATCH_PLUMBING",
     "DTENSOR_DISPATCH_FILE",
     "FSDP_BACKWARD_METHODS",
@@ -260,6 +263,7 @@ __all__ = [
     "remember_mesh",
     "restore_process_state",
     "reuse_local_mode",
+    "settle_cuda_guard",
     "settled",
     "simulation_world_options",
     "spec_geometry",

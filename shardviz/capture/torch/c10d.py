@@ -97,7 +97,7 @@ def premul_factor(op: Any) -> Any:
         if unbox is None:
             return _plain_factor(_called_factor())
         op = unbox(op)
-    return _plain_factor(op.factor)
+    return _plain_factor(_factor_of(op))
 
 
 def _plain_factor(factor: Any) -> Any:
@@ -151,6 +151,38 @@ def fake_work() -> Any:
     return dist.distributed_c10d.Work.boxed(FakeWork())
 
 
+# torch 2.11 and 2.12: a PREMUL_SUM ReduceOp does not expose its factor (``op.factor``, 2.13 on).
+# The ones made by ``dist._make_nccl_premul_sum`` while the simulation runs are remembered here
+# with their factor (the op itself kept, so that its id is not reused; the last few only).
+_made_premul: dict[int, tuple[Any, Any]] = {}
+
+
+def _remembering_premul(original: Any) -> Any:
+    @functools.wraps(original)
+    def make(factor: Any) -> Any:
+        op = original(factor)
+        _made_premul[id(op)] = (op, factor)
+        while len(_made_premul) > 64:
+            del _made_premul[next(iter(_made_premul))]
+        return op
+
+    return make
+
+
+def _factor_of(op: Any) -> Any:
+    if hasattr(op, "factor"):
+        return op.factor
+    made = _made_premul.get(id(op))
+    if made is not None and made[0] is op:
+        return made[1]
+    raise NotImplementedError(
+        f"a ReduceOp.PREMUL_SUM not made by dist._make_nccl_premul_sum reached the simulation: on "
+        f"this torch ({torch.__version__}; torch 2.13 has ReduceOp.factor) its factor cannot be "
+        "read. Use ReduceOp.SUM and scale the result, or run on real process groups: "
+        "sv.use('gloo', world_size=N)."
+    )
+
+
 def _following_premul(name: str, original: Any) -> Any:
     position = _REDUCE_OP_ARG[name]
 
@@ -160,7 +192,7 @@ def _following_premul(name: str, original: Any) -> Any:
         if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
             return original(*args, **kwargs)
         factors = _premul_factors()
-        factors.append(op.factor)
+        factors.append(_factor_of(op))
         try:
             return original(*args, **kwargs)
         finally:
@@ -181,6 +213,9 @@ def premul_sum_factors() -> Iterator[None]:
     saved = {name: getattr(dist, name) for name in _REDUCE_OP_ARG if hasattr(dist, name)}
     for name, original in saved.items():
         setattr(dist, name, _following_premul(name, original))
+    make_premul = dist._make_nccl_premul_sum
+    if not hasattr(make_premul(1.0), "factor"):
+        dist._make_nccl_premul_sum = _remembering_premul(make_premul)
     c10d_module = importlib.import_module("torch.distributed._local_tensor._c10d")
     local_reduce = getattr(c10d_module, "_local_reduce")  # noqa: B009 (private: not in the stubs)
 
@@ -199,6 +234,7 @@ def premul_sum_factors() -> Iterator[None]:
         yield
     finally:
         setattr(c10d_module, "_local_reduce", local_reduce)  # noqa: B010
+        dist._make_nccl_premul_sum = make_premul
         for name, original in saved.items():
             setattr(dist, name, original)
 

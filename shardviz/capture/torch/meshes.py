@@ -15,7 +15,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from ...geometry.mesh import MeshInfo
 from ...geometry.placement import Placement
-from .gate import StridedShard
+from .gate import StridedShard, strided_split_factor
 from .modes import local_modes, no_dispatch
 from .tensors import dtype_name
 
@@ -23,7 +23,7 @@ from .tensors import dtype_name
 def placement_to_plain(p: Any) -> Placement:
     """A torch placement as shardviz's plain Placement."""
     if isinstance(p, StridedShard):
-        return Placement("strided", dim=int(p.dim), split_factor=int(p._split_factor_int()))
+        return Placement("strided", dim=int(p.dim), split_factor=strided_split_factor(p))
     if isinstance(p, Shard):
         return Placement("shard", dim=int(p.dim))
     if isinstance(p, Replicate):

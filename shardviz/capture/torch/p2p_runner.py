@@ -19,6 +19,7 @@ from .. import stopping
 from .c10d import fake_work, p2p_groups, process_group_desc
 from .gate import LocalTensor, TorchDispatchMode, _private
 from .modes import new_local_mode, no_dispatch
+from .rank_threads import settle_cuda_guard
 from .tensors import dtype_name
 
 # Torch's own send/recv under LocalTensorMode (``local_p2p_op``) maps ranks wrongly on groups other
@@ -220,6 +221,7 @@ class ThreadedP2P:
 
         ltm_mod = _private["local_tensor_module"]
         process_mode = getattr(ltm_mod, "_PROCESS_MODE", True)
+        settle_cuda_guard()
         runner = LocalRunnerMode(self.world_size, self.threads, main)
         cond_box.append(runner._run_cond)
         self._runner = runner
@@ -418,20 +420,22 @@ class P2PMode(TorchDispatchMode):
                 msg = q.popleft()
                 with no_dispatch(), torch.no_grad():
                     buf = tensor._local_tensors[d] if isinstance(tensor, LocalTensor) else tensor
-                    if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
+                    if buf.numel() != msg.value.numel() or buf.dtype != msg.value.dtype:
                         raise P2PGroupError(
                             f"recv on rank {d} from rank {s}: the receive buffer is "
                             f"{tuple(buf.shape)} {dtype_name(buf.dtype)} but rank {s} sent "
-                            f"{tuple(msg.value.shape)} {dtype_name(msg.value.dtype)}; "
-                            "they must match, as on real ranks"
+                            f"{tuple(msg.value.shape)} {dtype_name(msg.value.dtype)}; real ranks "
+                            "need the same number of elements of the same dtype"
                         )
-                    buf.copy_(msg.value)
+                    # Real ranks move the bytes: a (1,) buffer receives a 0-dim tensor (the
+                    # warm-up of torch 2.11/2.12's pipeline schedules sends one).
+                    buf.copy_(msg.value.reshape(buf.shape))
                     if isinstance(tensor, LocalTensor):
                         # The group's other ranks are simulated by other threads; here they mirror
                         # the receiver, so rank-independent code (a received size) stays consistent.
                         for r in g:
                             if r != d and r in tensor._local_tensors:
-                                tensor._local_tensors[r].copy_(msg.value)
+                                tensor._local_tensors[r].copy_(msg.value.reshape(buf.shape))
                 got.append(msg)
             sim.on_recv(self.thread, got, id(tensor))
             done[0] = True

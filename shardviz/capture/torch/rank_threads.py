@@ -4,6 +4,7 @@ rank swaps in, and the process-group backend of a rank thread."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,26 @@ from torch.distributed.tensor import DTensor
 # ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
 # threaded test process group makes both per-thread; shardviz's rank threads use the same two
 # switches (torch's ThreadLocalWorld follows ``_World``'s fields from release to release).
+
+
+_guard_settled = False
+
+
+def settle_cuda_guard() -> None:
+    """Call from the thread that starts rank threads, before it starts them.
+
+    A CUDA build of torch on a machine without a GPU (PyPI's Linux wheels) swaps CUDA's device
+    guard for a no-op one the first time a FakeTensorMode is entered (DTensor's sharding
+    propagation enters one), and that guard lives in the calling thread's storage: entered first
+    in a rank thread, it dies with the thread, and the next DTensor op anywhere crashes the process
+    (a segmentation fault, seen on torch 2.11 after a pipeline on rank threads). Swapped here by
+    the main thread, which lives as long as the process, it stays valid."""
+    global _guard_settled
+    if _guard_settled or threading.current_thread() is not threading.main_thread():
+        return
+    _guard_settled = True
+    if torch.backends.cuda.is_built() and not torch.cuda.is_available():
+        torch._C._ensureCUDADeviceGuardSet()
 
 
 @contextlib.contextmanager
