@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any
 
 from ._version import __version__
+from .backends import session as _session
 from .capture import adapters as _adapters
 
 if _TYPE_CHECKING:
@@ -32,6 +33,17 @@ if _TYPE_CHECKING:
     from .show import export_html, play, plot
 
 _adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
+
+
+def _draw(obj: Any, **options: Any) -> Any:
+    """What a backend hands to ``session.draw`` before the views were loaded: loads them (their
+    module registers its own drawer in place of this one) and draws."""
+    from .show import show as _view
+
+    return _view(obj, **options)
+
+
+_session.set_drawer(_draw)
 
 # The public names defined elsewhere, by module: imported on first use, so that ``import shardviz``
 # costs little more than ``import torch`` (torch.distributed.tensor, the recorder, matplotlib and
@@ -296,7 +308,6 @@ def model_map(
     parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
     over (default: the current backend's, or the largest rank any DTensor names, plus one).
     """
-    from .backends import session
     from .capture.model_map import model_map as _model_map
 
     return _model_map(
@@ -306,7 +317,7 @@ def model_map(
         grads=grads,
         buffers=buffers,
         name=name,
-        backend_world=session.world_size(),
+        backend_world=_session.world_size(),
     )
 
 
