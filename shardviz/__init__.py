@@ -102,7 +102,7 @@ def load(
 
     A file may come from a stranger: a bad one raises ``TraceFileError`` naming the field, and
     what loading may cost is capped (``max_*``: bytes, or sizes such as ``"8GiB"``; defaults in
-    ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
+    ``shardviz.data.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
     """
     limits = _resolve(
