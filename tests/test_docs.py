@@ -1,9 +1,10 @@
-"""Every Python block of README.md runs as printed, and the output it shows is what it prints.
+"""Every Python block of README.md and of the documentation's pages (docs/**/*.md) runs as printed,
+and the output it shows is what it prints.
 
-How blocks are read, run and compared: ``tests/readme.py``. One test per ``##`` section, each in a
-fresh process with an IPython shell, in a scratch folder (blocks write files such as
-``layout.html``). Blocks marked ``<!-- not run: ... -->`` are listed in ``NOT_RUN`` below, so that
-marking one more is a visible change here too, never a silent skip.
+How blocks are read, run and compared: ``tests/docblocks.py``. One test per page, each in a fresh
+process with an IPython shell, in a scratch folder (blocks write files such as ``layout.html``).
+Blocks marked ``<!-- not run: ... -->`` are listed in ``NOT_RUN`` below, so that marking one more
+is a visible change here too, never a silent skip.
 """
 
 from __future__ import annotations
@@ -15,33 +16,41 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme import Block, matches, parse, sections
+from docblocks import Block, fences, matches, parse
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-BLOCKS = parse(README.read_text())
-SECTIONS = sections(BLOCKS)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+TEXTS = {p.relative_to(ROOT).as_posix(): p.read_text() for p in PAGES}
+BLOCKS = [b for page, text in TEXTS.items() for b in parse(text, page)]
+BY_PAGE: dict[str, list[Block]] = {}
+for _b in BLOCKS:
+    BY_PAGE.setdefault(_b.page, []).append(_b)
 
-# (section, first line of the block) -> why it cannot run on a CPU-only machine without a cluster.
+# (page, first line of the block) -> why it cannot run on a CPU-only machine without a cluster.
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("Real process groups", 'sv.use("nccl", world_size=8)              # 8 engines, one per GPU'): (
-        "needs 8 GPUs (nccl)"
-    ),
-    ("Real process groups", 'sv.use("nccl", world_size=16, profile="slurm", timeout=120)'): (
+    (
+        "docs/howto/real-process-groups.md",
+        'sv.use("nccl", world_size=8)              # 8 engines, one per GPU',
+    ): "needs 8 GPUs (nccl)",
+    ("docs/howto/real-process-groups.md", 'sv.use("nccl", world_size=16, profile="slurm", timeout=120)'): (
         "needs engines started by ipcluster (a Slurm job, another profile)"
     ),
-    ("Recording a torchrun job", "import shardviz as sv"): (
+    ("docs/howto/recording-a-torchrun-job.md", "import shardviz as sv"): (
         "a training script's lines, for torchrun on GPUs (nccl)"
     ),
     (
-        "Flight Recorder dumps",
+        "docs/howto/flight-recorder-dumps.md",
         "import shardviz.capture.flight",
     ): "the dump runs in each rank of a torchrun job",
 }
 
-# Sections whose blocks start real process groups (ipyparallel engines), and those that take long.
-CLUSTER = {"Real process groups"}
+# Pages whose blocks start real process groups (ipyparallel engines), and those that take long.
+CLUSTER = {"docs/howto/real-process-groups.md"}
 SLOW: set[str] = set()
+
+# Fence languages a page may use; a Python block under another name ("py", "pycon", "ipython")
+# would be skipped by the runner, so any other language fails test_every_fence_is_known.
+LANGUAGES = {"python", "", "text", "bash", "{eval-rst}", "{toctree}", "{include}", "{py:data}"}
 
 
 def _first_line(block: Block) -> str:
@@ -49,32 +58,40 @@ def _first_line(block: Block) -> str:
 
 
 def test_blocks_not_run_are_the_listed_ones():
-    marked = {(b.section, _first_line(b)): b.not_run for b in BLOCKS if b.not_run}
+    marked = {(b.page, _first_line(b)): b.not_run for b in BLOCKS if b.not_run}
     assert marked == NOT_RUN, (
-        "README blocks marked '<!-- not run: ... -->' differ from NOT_RUN in tests/test_readme.py: "
+        "blocks marked '<!-- not run: ... -->' differ from NOT_RUN in tests/test_docs.py: "
         f"marked {marked}, listed {NOT_RUN}. Run the block if it can run here; otherwise list it."
     )
 
 
-def test_the_readme_has_blocks_to_run():
+def test_the_pages_have_blocks_to_run():
     run = [b for b in BLOCKS if not b.not_run]
-    assert len(run) >= 20, [b.name for b in BLOCKS]
-    assert sum(b.expected is not None or len(b.cells) > 1 for b in run) >= 5
+    assert len(run) >= 25, [b.name for b in BLOCKS]
+    assert sum(b.expected is not None or len(b.cells) > 1 for b in run) >= 12
+    # The README's example runs, with its output shown.
+    assert any(b.page == "README.md" and b.expected is not None for b in run)
+
+
+def test_every_fence_is_known():
+    unknown = [f"{page}:{line}: ```{lang}" for page, text in TEXTS.items() for line, lang in fences(text)]
+    unknown = [u for u in unknown if u.split("```", 1)[1] not in LANGUAGES]
+    assert not unknown, f"fences the runner does not know (a Python block must be ```python): {unknown}"
 
 
 def _params() -> list[object]:
     out = []
-    for name in SECTIONS:
+    for page in BY_PAGE:
         marks = []
-        if name in CLUSTER:
+        if page in CLUSTER:
             marks.append(pytest.mark.cluster)
-        if name in SLOW or name in CLUSTER:
+        if page in SLOW or page in CLUSTER:
             marks.append(pytest.mark.slow)
-        out.append(pytest.param(name, marks=marks, id=name))
+        out.append(pytest.param(page, marks=marks, id=page))
     return out
 
 
-def run_section(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict[str, str | None]]:
+def run_blocks(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict[str, str | None]]:
     """Run the blocks' cells in one fresh process; each cell's output and error, in order."""
     cells = [c.code for b in blocks if not b.not_run for c in b.cells]
     (cwd / "cells.json").write_text(json.dumps(cells))
@@ -84,7 +101,7 @@ def run_section(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict
         PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     )
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "readme.py"), "cells.json", "results.json"],
+        [sys.executable, str(ROOT / "tests" / "docblocks.py"), "cells.json", "results.json"],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -99,15 +116,15 @@ def run_section(blocks: list[Block], cwd: Path, timeout: int = 560) -> list[dict
     return results
 
 
-@pytest.mark.timeout(600)  # the cluster section starts gloo engines three times (~130 s here)
-@pytest.mark.parametrize("section", _params())
-def test_readme_section(section, tmp_path):
-    blocks = SECTIONS[section]
+@pytest.mark.timeout(600)  # the cluster page starts gloo engines three times (~130 s here)
+@pytest.mark.parametrize("page", _params())
+def test_page(page, tmp_path):
+    blocks = BY_PAGE[page]
     runnable = [b for b in blocks if not b.not_run]
     if not runnable:
-        assert all((b.section, _first_line(b)) in NOT_RUN for b in blocks)
+        assert all((b.page, _first_line(b)) in NOT_RUN for b in blocks)
         return
-    results = run_section(blocks, tmp_path)
+    results = run_blocks(blocks, tmp_path)
     i = 0
     for block in runnable:
         for cell in block.cells:
@@ -119,7 +136,7 @@ def test_readme_section(section, tmp_path):
             )
             if cell.expected is not None:
                 assert matches(cell.expected, got["output"] or ""), (
-                    f"{block.name}: printed output differs from the README.\n--- README:\n{cell.expected}\n"
+                    f"{block.name}: printed output differs from the page.\n--- page:\n{cell.expected}\n"
                     f"--- printed:\n{got['output']}"
                 )
 
@@ -137,7 +154,7 @@ a
 ```python
 sv.use("nccl", world_size=8)
 ```
-## Second
+### Second
 ```python
 %load_ext shardviz
 ```
@@ -149,20 +166,37 @@ sv.use("nccl", world_size=8)
 ```bash
 echo not python
 ```
+```{include} ../README.md
+:start-after: <!-- example -->
+```
+```python
+print("after a directive with arguments")
+```
 """
 
 
-def test_the_harness_reads_sections_outputs_markers_and_prompts():
-    blocks = parse(SAMPLE)
-    assert [(b.section, b.line, b.not_run) for b in blocks] == [
-        ("First", 3, None),
-        ("First", 11, "needs GPUs"),
-        ("Second", 15, None),
-        ("Second", 18, None),
+def test_the_harness_reads_headings_outputs_markers_and_prompts():
+    blocks = parse(SAMPLE, "docs/sample.md")
+    assert [(b.page, b.section, b.line, b.not_run) for b in blocks] == [
+        ("docs/sample.md", "First", 3, None),
+        ("docs/sample.md", "First", 11, "needs GPUs"),
+        ("docs/sample.md", "Second", 15, None),
+        ("docs/sample.md", "Second", 18, None),
+        ("docs/sample.md", "Second", 29, None),
     ]
     assert blocks[0].expected == "a" and blocks[1].expected is None and blocks[2].expected is None
     assert [(c.code, c.expected) for c in blocks[3].cells] == [("print(1 + 1)", "2"), ("x = 3", "")]
-    assert list(sections(blocks)) == ["First", "Second"]
+    assert blocks[0].name == 'docs/sample.md:3 (First): print("a")'
+    assert fences(SAMPLE) == [
+        (3, "python"),
+        (7, ""),
+        (11, "python"),
+        (15, "python"),
+        (18, "python"),
+        (23, "bash"),
+        (26, "{include}"),
+        (29, "python"),
+    ]
 
 
 def test_outputs_match_exactly_but_for_trailing_spaces_and_ellipsis_lines():
@@ -178,5 +212,5 @@ def test_outputs_match_exactly_but_for_trailing_spaces_and_ellipsis_lines():
 def test_a_block_that_fails_as_printed_is_reported(tmp_path):
     # The README once used Replicate without importing it.
     (block,) = parse("## S\n```python\nfrom torch.distributed.tensor import Shard\nReplicate()\n```\n")
-    (result,) = run_section([block], tmp_path)
+    (result,) = run_blocks([block], tmp_path)
     assert result["error"] is not None and "NameError: name 'Replicate' is not defined" in result["error"]

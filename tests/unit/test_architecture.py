@@ -1,6 +1,6 @@
 """Architecture rules, checked on the source: every module of the package is parsed, none imported.
 
-The package lies in layers, one folder each (``README.md``, "Architecture"):
+The package lies in layers, one folder each (``docs/reference/architecture.md``):
 
     examples/                      user code: may import anything
     front ends (shardviz/*.py)     the public API: may import every layer below and views/
@@ -457,7 +457,7 @@ def _fail(problems: list[str], rule: str) -> None:
 
 
 LAYER_RULE = (
-    "an import goes against the layers (README.md, Architecture); move the code or pass plain data down"
+    "an import goes against the layers (docs/reference/architecture.md); move the code or pass plain data down"
 )
 CYCLE_RULE = "files import each other in a circle; move what both need into a lower module"
 TORCH_RULE = (
