@@ -457,7 +457,8 @@ def _fail(problems: list[str], rule: str) -> None:
 
 
 LAYER_RULE = (
-    "an import goes against the layers (docs/reference/architecture.md); move the code or pass plain data down"
+    "an import goes against the layers (docs/reference/architecture.md); move the code or pass plain "
+    "data down"
 )
 CYCLE_RULE = "files import each other in a circle; move what both need into a lower module"
 TORCH_RULE = (
