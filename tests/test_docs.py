@@ -9,8 +9,10 @@ is a visible change here too, never a silent skip.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +79,37 @@ def test_every_fence_is_known():
     unknown = [f"{page}:{line}: ```{lang}" for page, text in TEXTS.items() for line, lang in fences(text)]
     unknown = [u for u in unknown if u.split("```", 1)[1] not in LANGUAGES]
     assert not unknown, f"fences the runner does not know (a Python block must be ```python): {unknown}"
+
+
+def test_every_path_and_module_a_page_names_exists():
+    # A page that names a file or a module that moved misleads its reader (one named
+    # shardviz/adapters/physicsnemo.py long after the adapter moved into capture/).
+    paths = {
+        p
+        for text in TEXTS.values()
+        for p in re.findall(r"`((?:shardviz|tests|docs|notebooks|benchmarks)/[\w./-]+)`", text)
+    }
+    assert len(paths) > 10
+    assert sorted(p for p in paths if not (ROOT / p).exists()) == []
+    dotted = {n for text in TEXTS.values() for n in re.findall(r"`(shardviz(?:\.[A-Za-z_]\w*)+)`", text)}
+    assert len(dotted) > 10
+    missing = []
+    for name in sorted(dotted):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(name)
+            break
+        else:
+            missing.append(name)
+    assert missing == [], f"names on the pages that do not import: {missing}"
 
 
 def _params() -> list[object]:
