@@ -77,24 +77,30 @@ class Trace:
         return self.events[i]
 
     def event(self, event_id: int) -> Event:
+        """The event with id ``event_id`` (KeyError if none)."""
         for e in self.events:
             if e.id == event_id:
                 return e
         raise KeyError(f"no event with id {event_id} in this trace")
 
     def collectives(self) -> list[CollectiveEvent]:
+        """The collective events (send and recv included), in execution order."""
         return [e for e in self.events if isinstance(e, CollectiveEvent)]
 
     def redistributes(self) -> list[RedistributeEvent]:
+        """The redistribute events, in execution order."""
         return [e for e in self.events if isinstance(e, RedistributeEvent)]
 
     def ops(self) -> list[OpEvent]:
+        """The DTensor operator events, in execution order."""
         return [e for e in self.events if isinstance(e, OpEvent)]
 
     def locals(self) -> list[LocalEvent]:
+        """The events of local compute on shards (``to_local()`` code), in execution order."""
         return [e for e in self.events if isinstance(e, LocalEvent)]
 
     def children(self, event_id: int | None) -> list[Event]:
+        """The events directly inside event ``event_id`` (None: the top-level events)."""
         return [e for e in self.events if e.parent == event_id]
 
     def __str__(self) -> str:

@@ -42,13 +42,16 @@ class ShardInfo:
 
     @property
     def empty(self) -> bool:
+        """Whether this rank holds no element (a 0 in its local shape)."""
         return 0 in self.shape
 
     @property
     def contiguous(self) -> bool:
+        """Whether the shard is one block of the global tensor (one range per dim; a strided shard is not)."""
         return all(len(r) <= 1 for r in self.indices)
 
     def numel(self) -> int:
+        """The number of elements this rank holds."""
         n = 1
         for s in self.shape:
             n *= s
@@ -107,15 +110,18 @@ class Layout:
 
     @property
     def ranks(self) -> tuple[int, ...]:
+        """The global ranks that hold a shard, in the order of ``shards``."""
         return tuple(s.rank for s in self.shards)
 
     def shard(self, rank: int) -> ShardInfo:
+        """What global ``rank`` holds (KeyError for a rank off this layout's mesh)."""
         for s in self.shards:
             if s.rank == rank:
                 return s
         raise KeyError(f"rank {rank} is not on this layout's mesh (ranks {self.ranks[0]}..{self.ranks[-1]})")
 
     def dim_name(self, mesh_dim: int) -> str:
+        """The name of mesh dim ``mesh_dim``, or "mesh dim N" when the mesh has no names."""
         if self.mesh_dim_names:
             return self.mesh_dim_names[mesh_dim]
         return f"mesh dim {mesh_dim}"
@@ -174,6 +180,7 @@ class Layout:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Layout:
+        """The layout ``to_dict`` wrote (no checks: ``sv.load`` checks a file's layouts as it reads them)."""
         shards = tuple(
             ShardInfo(
                 rank=int(s["rank"]),

@@ -106,18 +106,23 @@ class NumericsReport:
 
     @property
     def differences(self) -> list[DiffRow]:
+        """Every finding (beyond tolerance, copies that disagree, another shape), in the order the
+        parallel step ran them."""
         return [r for r in self.rows if r.differs]
 
     @property
     def unassembled(self) -> list[DiffRow]:
+        """Rows whose full tensor could not be put together from the ranks' shards (each says why)."""
         return [r for r in self.rows if r.status == "unassembled"]
 
     @property
     def missing(self) -> list[DiffRow]:
+        """Rows that are in one run only (a module called on one side only, say)."""
         return [r for r in self.rows if r.status == "missing"]
 
     @property
     def first(self) -> DiffRow | None:
+        """The first finding: where the parallel run first leaves the reference (None: nowhere)."""
         for r in self.rows:
             if r.differs:
                 return r
