@@ -1,8 +1,8 @@
 """Sphinx configuration of the documentation site (``make docs``; how it is laid out: docs/README.md).
 
 The source folder is the repository itself, so that the notebooks and ``benchmarks/README.md`` are
-rendered where they live, never copied: ``include_patterns`` picks the pages, and every other
-top-level folder (the virtual environment among them) is excluded before Sphinx walks into it.
+rendered where they live, never copied: ``include_patterns`` picks the pages, and the large folders
+(the virtual environments among them) are excluded before Sphinx walks into them.
 Notebooks are rendered from their saved outputs and never executed; a widget's output shows its
 static picture (the PNG every shardviz widget saves beside its view), and no page loads anything
 from the network.
@@ -10,26 +10,35 @@ from the network.
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
 from sphinx.util import logging
 
-import shardviz
-
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("docs", "notebooks", "benchmarks")
 
 project = "shardviz"
-release = version = shardviz.__version__
+# Read, not imported: importing shardviz loads torch, which a build with nothing to reread needs not.
+release = version = runpy.run_path(str(ROOT / "shardviz" / "_version.py"))["__version__"]
 root_doc = "docs/index"
 
 extensions = ["myst_nb", "sphinx.ext.autodoc"]
 
 include_patterns = ["docs/**.md", "notebooks/[0-9][0-9]_*.ipynb", "benchmarks/README.md"]
+# Folders Sphinx would otherwise walk (the virtual environments alone hold ~100,000 files). A fixed
+# list: a setting that changes between builds (a folder appearing) makes Sphinx reread every page.
 exclude_patterns = [
-    *(p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in SOURCES),
+    ".*",
+    "build",
+    "dist",
+    "node_modules",
+    "shardviz",
+    "tests",
+    "binder",
+    "test-artifacts",
+    "*.egg-info",
     "**/.ipynb_checkpoints",
     "benchmarks/results",
 ]
@@ -69,6 +78,8 @@ logger = logging.getLogger("shardviz.docs")
 
 
 def _public_names() -> set[str]:
+    import shardviz  # autodoc has imported it by now
+
     return {f"shardviz.{name}" for name in shardviz.__all__}
 
 

@@ -76,9 +76,9 @@ def serve(port: int, out: Path) -> None:
     # returns once serve_forever has.
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+        seen = stamp()  # before building: an edit made during a build brings the next one
         build(out)
         print(f"docs-serve: http://{HOST}:{port}/ (rebuilt when a source changes; Ctrl-C stops)", flush=True)
-        seen = stamp()
         while True:
             time.sleep(1.0)
             now = stamp()
@@ -87,8 +87,8 @@ def serve(port: int, out: Path) -> None:
                 changed = sorted(str(p.relative_to(ROOT)) for p in paths if now.get(p) != seen.get(p))
                 more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
                 print(f"docs-serve: {', '.join(changed[:3])}{more} changed: rebuilding", flush=True)
+                seen = now
                 build(out)
-                seen = stamp()
     except KeyboardInterrupt:
         pass
     finally:

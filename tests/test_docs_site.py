@@ -341,6 +341,16 @@ def test_docs_serve_serves_the_site_on_localhost_only(site, tmp_path):
             cwd=ROOT,
         )
         assert second.returncode != 0 and "DOCS_PORT" in second.stderr, second.stderr
+        # An edited page is rebuilt (its modification time is what is watched).
+        page = DOCS / "tutorials.md"
+        os.utime(page)
+        for line in proc.stdout:
+            lines.append(line)
+            if "docs-serve: built in" in line or "has warnings" in line:
+                break
+        said = "".join(lines)
+        _, rebuilding, after = said.partition("docs/tutorials.md changed: rebuilding")
+        assert rebuilding and "docs-serve: built in" in after, said
     finally:
         proc.terminate()
         proc.wait(timeout=30)
