@@ -54,7 +54,7 @@ nb_ipywidgets_js: dict[str, dict[str, str]] = {}  # never the widget manager fro
 nb_merge_streams = True
 
 # The API reference: autodoc reads the docstrings of the installed package.
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
