@@ -122,8 +122,16 @@ class StepCapture:
             return
         value = _torch.settled(value)
         layout = None
+        problem = None
         if _torch.is_dtensor(value):
-            layout = _compute_layout(**_torch.dtensor_geometry(value))
+            shapes = _torch.dtensor_shape_per_rank(value)
+            if shapes is None:
+                layout = _compute_layout(**_torch.dtensor_geometry(value))
+            else:  # torch raises at the next operator on it; the capture must not fail first
+                problem = (
+                    f"a DTensor whose global shape differs per rank ({dict(sorted(shapes.items()))}): "
+                    "DTensor.from_local without shape= of uneven local tensors"
+                )
             local = _torch.settled(_torch.local_of(value))
         else:
             local = value
@@ -148,6 +156,7 @@ class StepCapture:
                 values=per_rank,
                 layout=layout,
                 events=(start, self.mark()),
+                problem=problem,
             )
         )
         self._order += 1

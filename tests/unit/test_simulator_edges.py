@@ -7,6 +7,8 @@ Expectations come from plain torch on the global tensors, or are written out by 
 
 from __future__ import annotations
 
+import linecache
+
 import numpy as np
 import pytest
 import torch
@@ -51,3 +53,169 @@ def _torch_per_rank(t):
     from shardviz.capture import torch as _torch
 
     return {r: v.detach() for r, v in _torch.local_tensors(_torch.settled(t)).items()}
+
+
+# --- 6. per-rank ints where Python needs one int, on every entry point ------------------------------
+
+# Each uses a per-rank int the way Python needs one plain value; lockstep cannot run any of them.
+PER_RANK_USES = {
+    "index": "['stage0', 'stage1', 'stage2', 'stage3'][dist.get_rank()]",
+    "int": "int(dist.get_rank())",
+    "range": "list(range(dist.get_rank()))",
+    "bool": "bool(dist.get_rank())",
+    "len": "len(sv.per_rank(lambda r: torch.ones(r + 1)))",
+    "float": "float(dist.get_rank())",
+    "tensor": "torch.tensor(dist.get_rank())",
+    "mesh coordinate": "['first', 'second'][mesh.get_local_rank('pp')]",
+}
+
+
+def _namespace():
+    import torch.distributed as dist
+
+    return {"torch": torch, "dist": dist, "sv": sv, "init_device_mesh": init_device_mesh}
+
+
+def _check_named(err: BaseException, line: str) -> None:
+    from shardviz.errors import PerRankValueError
+
+    assert isinstance(err, PerRankValueError), repr(err)
+    text = str(err)
+    assert line in text  # the line that used it
+    assert "sv.use('threads', world_size=N)" in text
+    assert "sv.per_rank(lambda rank: ...)" in text
+    assert "int_" not in text and "AttributeError" not in text
+
+
+@pytest.mark.parametrize("use", sorted(PER_RANK_USES))
+def test_a_per_rank_int_used_as_one_int_is_named_in_sv_record(use):
+    sv.use("local", world_size=4)
+    expr = PER_RANK_USES[use]
+    ns = _namespace()
+    text = f"mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('pp', 'tp'))\nvalue = {expr}\n"
+    name = f"<per-rank use {use}>"
+    linecache.cache[name] = (len(text), None, text.splitlines(keepends=True), name)
+    code = compile(text, name, "exec")
+    with pytest.raises(Exception) as info, sv.record():
+        exec(code, ns)
+    _check_named(info.value, f"{name}:2: value = {expr}")
+
+
+def test_a_per_rank_int_is_named_in_sv_run_threads_spmd_cells_and_sv_diff():
+    import torch.distributed as dist
+
+    sv.use("local", world_size=4)
+
+    def pick(thread: int) -> str:
+        return ["a", "b", "c", "d"][int(dist.get_rank())]
+
+    with pytest.raises(Exception) as info:
+        sv.run(pick, threads=2)
+    _check_named(info.value, 'return ["a", "b", "c", "d"][int(dist.get_rank())]')
+
+    from shardviz.backends import choose
+
+    shell = type("Shell", (), {"user_ns": _namespace()})()
+    with pytest.raises(Exception) as info:
+        choose.current().run_cell("x = 1\nlabel = ['a', 'b', 'c', 'd'][dist.get_rank()]\n", shell)
+    _check_named(info.value, "<spmd-cell-")
+    assert "label = ['a', 'b', 'c', 'd'][dist.get_rank()]" in str(info.value)
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * [1.0, 2.0, 3.0, 4.0][dist.get_rank()]
+
+    with pytest.raises(Exception) as info:
+        sv.diff(Scaled(), lambda m: m, torch.randn(2, 4))
+    _check_named(info.value, "return self.lin(x) * [1.0, 2.0, 3.0, 4.0][dist.get_rank()]")
+
+
+def test_threads_have_their_ranks_own_values_and_ints():
+    """``sv.run(fn, threads=N)``: ``dist.get_rank()`` is each rank's (it was 0 on every rank, a
+    silently wrong value), and a per-rank value the ranks of one thread agree on is one int there
+    (a pipeline stage picked by the mesh coordinate)."""
+    import torch.distributed as dist
+
+    sv.use("local", world_size=4)
+
+    def fn(thread: int) -> dict:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+        return {
+            "stage": ["stage0", "stage1"][mesh.get_local_rank("pp")],
+            "first": mesh.get_local_rank("pp") == 0,
+            "rank": torch.ones(1) * dist.get_rank(),
+        }
+
+    got = sv.run(fn, threads=2).results
+    for r in range(4):
+        assert got[r]["stage"] == f"stage{r // 2}" and got[r]["first"] == (r < 2)
+        assert got[r]["rank"].tolist() == [float(r)]
+    assert sv.run(lambda t: int(dist.get_rank()), threads=4).results == {0: 0, 1: 1, 2: 2, 3: 3}
+
+
+def test_ints_every_rank_agrees_on_stay_ints():
+    import torch.distributed as dist
+
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("pp", "tp"))
+        assert ["only"][mesh.get_local_rank("pp")] == "only"
+        assert int(dist.get_rank() * 0) == 0
+
+
+# --- 5. torch's error explained, never replaced ------------------------------------------------------
+
+
+class UnevenMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 30)  # 30 hidden over 4 ranks: 8, 8, 8, 6
+        self.fc2 = nn.Linear(30, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def uneven_tp(model: nn.Module) -> nn.Module:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    mesh = init_device_mesh("cpu", (4,))
+    return parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+
+def _check_torch_error_explained(err: BaseException) -> None:
+    assert type(err) is RuntimeError  # torch's own error, not one of shardviz's
+    text = str(err)
+    assert "Sharding propagation failed" in text  # torch's message, kept
+    assert "different global shape on each rank ((3, 32) on ranks 0-2; (3, 24) on rank 3)" in text
+    assert "DTensor.from_local without shape=" in text and "use_local_output=False" in text
+    assert "per-rank value" not in text  # the user used no per-rank int
+
+
+def test_uneven_tensor_parallel_keeps_torchs_error_with_its_explanation():
+    sv.use("local", world_size=4)
+    torch.manual_seed(0)
+    model, x = UnevenMLP(), torch.randn(3, 8)
+    with pytest.raises(RuntimeError) as info:
+        sv.diff(model, uneven_tp, x)
+    _check_torch_error_explained(info.value)
+    with pytest.raises(RuntimeError) as info, sv.record():
+        uneven_tp(model)(x)
+    _check_torch_error_explained(info.value)
+
+
+def test_a_failure_while_explaining_leaves_the_error_as_raised(monkeypatch):
+    from shardviz.capture import explain
+
+    def broken(*a, **k):
+        raise AttributeError("explaining failed")
+
+    monkeypatch.setattr(explain, "explain_sharding_error", broken)
+    err = RuntimeError("Sharding propagation failed for aten.mm")
+    assert explain.explain_simulation_error(err, 4) is err
+    assert str(err) == "Sharding propagation failed for aten.mm"
+    assert explain.explain_rank_error(err) is err and str(err) == "Sharding propagation failed for aten.mm"

@@ -62,6 +62,7 @@ from .gate import (  # the version gate and what moved between releases
 from .meshes import (  # placements and meshes as plain data
     MeshGroups,
     dtensor_geometry,
+    dtensor_shape_per_rank,
     known_mesh_infos,
     mesh_generation,
     mesh_groups,
@@ -72,6 +73,7 @@ from .meshes import (  # placements and meshes as plain data
     remember_mesh,
     reuse_local_mode,
     spec_geometry,
+    spec_shape_per_rank,
     tracking_meshes,
 )
 from .modes import (  # LocalTensorMode and the dispatch-mode stack
@@ -194,6 +196,7 @@ __all__ = [
     "dist",
     "drop_stale_local_mode",
     "dtensor_geometry",
+    "dtensor_shape_per_rank",
     "dtype_name",
     "fake_work",
     "flight_recorder_dump",
@@ -252,6 +255,7 @@ __all__ = [
     "reuse_local_mode",
     "settled",
     "spec_geometry",
+    "spec_shape_per_rank",
     "storage_users",
     "strided_shard_scatter_on_stack",
     "symint_at_rank",

@@ -21,6 +21,7 @@ _REQUIRED = {
     "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor"),
     "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode"),
     "LocalIntNode": ("torch.distributed._local_tensor", "LocalIntNode"),
+    "ConstantIntNode": ("torch.fx.experimental._constant_symnode", "ConstantIntNode"),
     "local_tensor_mode": ("torch.distributed._local_tensor", "local_tensor_mode"),
     "StridedShard": ("torch.distributed.tensor.placement_types", "_StridedShard"),
     "DebugMode": ("torch.utils._debug_mode", "DebugMode"),
@@ -73,6 +74,7 @@ _load()
 LocalTensor = _private["LocalTensor"]
 LocalTensorMode = _private["LocalTensorMode"]
 LocalIntNode = _private["LocalIntNode"]
+ConstantIntNode = _private["ConstantIntNode"]
 StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
 if TYPE_CHECKING:  # the class itself, for type checking: P2PMode and the Recorder derive from it

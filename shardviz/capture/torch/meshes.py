@@ -17,6 +17,7 @@ from ...geometry.mesh import MeshInfo
 from ...geometry.placement import Placement
 from .gate import StridedShard
 from .modes import local_modes, no_dispatch
+from .per_rank import symint_at_rank
 from .tensors import dtype_name
 
 
@@ -182,11 +183,36 @@ def dtensor_geometry(dt: Any) -> dict[str, Any]:
 
 
 def spec_geometry(spec: Any) -> dict[str, Any] | None:
-    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames)."""
+    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames);
+    None for a spec whose global shape differs per rank (``spec_shape_per_rank``)."""
     meta = getattr(spec, "tensor_meta", None)
-    if meta is None or not hasattr(spec, "placements"):
+    if meta is None or not hasattr(spec, "placements") or spec_shape_per_rank(spec) is not None:
         return None
     return _spec_fields(spec, meta.shape, meta.dtype)
+
+
+def dtensor_shape_per_rank(dt: Any) -> dict[int, tuple[int, ...]] | None:
+    """``spec_shape_per_rank`` of a DTensor's spec."""
+    return spec_shape_per_rank(dt._spec)
+
+
+def spec_shape_per_rank(spec: Any) -> dict[int, tuple[int, ...]] | None:
+    """Each simulated rank's global shape of a DTensorSpec whose global shape differs per rank (a
+    ``DTensor.from_local`` without ``shape=`` of uneven local tensors); None when it is one shape."""
+    meta = getattr(spec, "tensor_meta", None)
+    if meta is None:
+        return None
+    dims = [getattr(getattr(s, "node", None), "_local_ints", None) for s in meta.shape]
+    if all(d is None for d in dims):
+        return None
+    ranks = sorted(next(d for d in dims if d is not None))
+    return {
+        r: tuple(
+            int(d[r]) if d is not None else symint_at_rank(s, r)
+            for d, s in zip(dims, meta.shape, strict=True)
+        )
+        for r in ranks
+    }
 
 
 def _spec_fields(spec: Any, shape: Any, dtype: torch.dtype) -> dict[str, Any]:

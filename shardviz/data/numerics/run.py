@@ -69,6 +69,7 @@ class RawTensor:
     values: Mapping[int | None, np.ndarray]
     layout: Layout | None = None
     events: tuple[int, int] | None = None  # trace event ids [start, end) while it was computed
+    problem: str | None = None  # why no full tensor can be made of it, seen while capturing
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +214,9 @@ def build_run(
         tol = tolerance_for(t.dtype, tolerance)
         values = _per_rank(t.values, world)
         base = Entry(t.key, t.order, t.dtype, None, events=t.events)
-        if t.layout is not None:
+        if t.problem is not None:
+            got = Assembled(None, None, problem=t.problem)
+        elif t.layout is not None:
             got = assemble(t.layout, values, tol)
         elif world == 1:
             (v,) = values.values()
