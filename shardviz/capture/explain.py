@@ -165,6 +165,9 @@ def explain_rank_error(error: BaseException) -> BaseException:
     code runs (a sharding error, a framework's trap); ``error`` is returned either way."""
     try:
         frames = _frames(error.__traceback__)
+        if isinstance(error, RuntimeError) and _fullgraph_under_mode(str(error)):
+            explain(error, FULLGRAPH_UNDER_RECORDING)
+            return error
         if isinstance(error, RuntimeError | NotImplementedError) and explain_sharding_error(error, frames):
             return error
         _framework_error(error, frames, lockstep=False)
@@ -243,6 +246,8 @@ def _explain_simulation_error(error: Exception, world_size: int) -> BaseExceptio
             return explained
     if compiled:
         return _explain_compile(error, msg, files)
+    if isinstance(error, RuntimeError) and _fullgraph_under_mode(msg):
+        return explain(error, FULLGRAPH_UNDER_RECORDING)
     if isinstance(error, AttributeError) and "'LocalIntNode' object has no attribute" in msg:
         # torch >= 2.14: dist.get_rank() (like a mesh coordinate) is a per-rank SymInt in the
         # simulation, and turning it into one Python int fails with this bare AttributeError.
@@ -284,6 +289,23 @@ def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseExcep
 
 _UNSUPPORTED = ("torch._dynamo.exc", "Unsupported")
 
+FULLGRAPH_UNDER_RECORDING = (
+    "shardviz: torch.compile(fullgraph=True) cannot compile while shardviz records: torch compiles "
+    "no code under a Python dispatch mode other than its own (shardviz records through one, as "
+    "torch's DebugMode does; the lockstep simulator's LocalTensorMode is another), and "
+    "fullgraph=True turns what would be an uncompiled fallback into this error. Under torch's bare "
+    "LocalTensorMode, or with one thread per rank, fullgraph=True fails the same way. While "
+    "recording, compile without fullgraph=True (torch then runs uncompiled what it cannot compile, "
+    "and it is recorded); "
+    "compile with fullgraph=True where nothing records (outside sv.record / sv.run, or on real "
+    "ranks without a recording)."
+)
+
+
+def _fullgraph_under_mode(msg: str) -> bool:
+    """torch refused fullgraph=True because a dispatch mode (a recorder) was active."""
+    return "fullgraph=True found no compiled frames" in msg and "dispatch mode present" in msg
+
 
 def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseException:
     """torch.compile failed: say which part of it, and whether the simulation is the cause."""
@@ -320,12 +342,7 @@ def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseEx
     if any((c.__module__, c.__name__) == _UNSUPPORTED for c in type(error).__mro__):
         traced = msg.split("from user code:", 1)[1] if "from user code:" in msg else ""
         if OWN_DIR in traced:
-            return explain(
-                error,
-                "shardviz: torch.compile traced into shardviz's own code, which it should never "
-                "see: a shardviz bug, please report it with this traceback. Meanwhile, compile "
-                "without fullgraph=True or record the code uncompiled.",
-            )
+            return explain(error, FULLGRAPH_UNDER_RECORDING)
         return explain(
             error,
             "shardviz: Dynamo (torch.compile's tracer) cannot turn this code into one graph (a graph "

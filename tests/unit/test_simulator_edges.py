@@ -219,3 +219,51 @@ def test_a_failure_while_explaining_leaves_the_error_as_raised(monkeypatch):
     assert explain.explain_simulation_error(err, 4) is err
     assert str(err) == "Sharding propagation failed for aten.mm"
     assert explain.explain_rank_error(err) is err and str(err) == "Sharding propagation failed for aten.mm"
+
+
+# --- 7. torch.compile(fullgraph=True) under a recording ---------------------------------------------
+
+
+def _check_fullgraph_explained(err: BaseException) -> None:
+    text = str(err)
+    assert type(err).__module__.startswith(("torch", "builtins"))  # torch's own error, kept
+    assert "torch.compile(fullgraph=True) cannot compile while shardviz records" in text
+    assert "compile without fullgraph=True" in text
+    assert "shardviz bug" not in text
+
+
+def test_fullgraph_compile_under_a_recording_is_explained_as_torchs_limit():
+    torch._dynamo.reset()  # what earlier tests compiled is not reused
+    sv.use("local", world_size=4)
+    lin = nn.Linear(8, 8)
+    lin.compile(backend="eager", fullgraph=True)
+    with pytest.raises(Exception) as info, sv.record():
+        lin(torch.randn(2, 8))
+    _check_fullgraph_explained(info.value)
+    assert "from user code" in str(info.value)  # Dynamo's own report
+    # Without fullgraph=True the same module runs in the recording, with plain torch's numbers.
+    plain = nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    want = plain(x).detach()
+    plain.compile(backend="eager")
+    with sv.record():
+        got = plain(x)
+    torch.testing.assert_close(torch.as_tensor(got.detach()), want)
+
+
+def test_fullgraph_compile_on_threads_is_explained_as_torchs_limit():
+    torch._dynamo.reset()
+    sv.use("threads", world_size=2)
+    try:
+
+        def step() -> torch.Tensor:
+            lin = nn.Linear(8, 8)
+            lin.compile(backend="eager", fullgraph=True)
+            return lin(torch.randn(2, 8))
+
+        with pytest.raises(RuntimeError) as info:
+            sv.run(step)
+        _check_fullgraph_explained(info.value)
+        assert "found no compiled frames" in str(info.value)  # torch's own words
+    finally:
+        sv.use("local", world_size=4)
