@@ -157,6 +157,22 @@ def known_mesh_infos() -> list[MeshInfo]:
     return [mesh_info(m) for m in list(_live_meshes.values())]
 
 
+def live_mesh_ids() -> frozenset[int]:
+    """The ids of the meshes known alive now (to tell the ones a step builds from older ones)."""
+    return frozenset(id(m) for m in list(_live_meshes.values()))
+
+
+def meshes_since(before: frozenset[int]) -> list[tuple[tuple[int, ...], tuple[str, ...] | None, MeshGroups]]:
+    """(shape, dim names, every instance's ranks) of each mesh known alive that was not in
+    ``before``: the meshes a step built, and the ways they split the world."""
+    out = []
+    for m in list(_live_meshes.values()):
+        if id(m) not in before:
+            shape, names, _ = mesh_info(m)
+            out.append((shape, names, mesh_groups(m)))
+    return out
+
+
 def reuse_local_mode(mode: Any) -> None:
     """Prepare a LocalTensorMode for another entry, keeping its cached mesh coordinates.
 

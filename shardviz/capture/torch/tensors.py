@@ -82,10 +82,24 @@ def parameters_per_rank(module: torch.nn.Module) -> list[str]:
                         if table is mod._parameters
                         else local
                     )
+                    _carry_over(t, new)
                     done[id(t)] = new
                 table[name] = new
                 names.append(f"{prefix}.{name}" if prefix else name)
     return names
+
+
+def _carry_over(old: torch.Tensor, new: torch.Tensor) -> None:
+    """What the code put on a tensor that its per-rank copy must keep: its gradient hooks (a
+    hand-written data parallel all-reduces gradients in them; they were silently lost) and its
+    Python attributes (flags such as Megatron's ``sequence_parallel``)."""
+    for k, v in old.__dict__.items():
+        if k not in new.__dict__ and not k.startswith("_sym_"):
+            new.__dict__[k] = v
+    if old._backward_hooks:
+        new._backward_hooks = old._backward_hooks
+    if getattr(old, "_post_accumulate_grad_hooks", None):
+        new._post_accumulate_grad_hooks = old._post_accumulate_grad_hooks
 
 
 def version_counter(t: torch.Tensor) -> int:
