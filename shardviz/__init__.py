@@ -171,7 +171,9 @@ def layout(
             raise TypeError(
                 "sv.layout(dtensor) reads the mesh and placements from the DTensor; pass only the DTensor"
             )
-        return _compute_layout(**_torch.dtensor_geometry(obj))
+        from .capture.layouts import held_layout
+
+        return held_layout(obj)
     adapter = adapters.for_object(obj)
     if adapter is not None:
         if mesh_shape is not None or placements is not None or mesh_dim_names is not None:

@@ -267,3 +267,104 @@ def test_fullgraph_compile_on_threads_is_explained_as_torchs_limit():
         assert "found no compiled frames" in str(info.value)  # torch's own words
     finally:
         sv.use("local", world_size=4)
+
+
+# --- 9. a DTensor whose local pieces disagree with its spec ------------------------------------------
+
+PIECES = (3, 3, 2, 2)  # what the ranks hold; chunking the spec's 10 rows gives 3, 3, 3, 1
+WHOLE = torch.arange(20.0).reshape(10, 2)
+
+
+def _piece(rank: int) -> torch.Tensor:
+    start = sum(PIECES[:rank])
+    return WHOLE[start : start + PIECES[rank]].clone()
+
+
+def _check_held(lay: sv.Layout, spec_note: str) -> None:
+    assert [s.shape for s in lay.shards] == [(n, 2) for n in PIECES]
+    assert [s.offset for s in lay.shards] == [(0, 0), (3, 0), (6, 0), (8, 0)]
+    (note,) = lay.notes
+    assert spec_note in note and "Drawn as the ranks hold them." in note
+    assert f"note: {note}" in str(lay)
+
+
+def test_a_dtensor_whose_pieces_disagree_with_its_spec_is_drawn_as_the_ranks_hold_it():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = DTensor.from_local(
+            sv.per_rank(_piece), mesh, [Shard(0)], run_check=False, shape=(10, 2), stride=(2, 1)
+        )
+        lay = sv.layout(dt)
+    _check_held(lay, "ranks 2, 3 hold (2, 2), (2, 2) where the spec gives (3, 2), (1, 2)")
+    view = sv.show(dt)
+    assert view.tensor_layout == lay
+    np.testing.assert_array_equal(view.global_values(), WHOLE.numpy())  # the pieces tile it
+    assert "disagree with this DTensor's spec" in view.values_info["note"]
+    fig = sv.plot(dt)  # the static picture draws the same pieces
+    assert fig is not None
+    # A spec the pieces agree with is drawn as before, with no note.
+    with sv.record():
+        even = DTensor.from_local(
+            sv.per_rank(lambda r: WHOLE.chunk(4)[r].clone()),
+            mesh,
+            [Shard(0)],
+            run_check=False,
+            shape=(10, 2),
+            stride=(2, 1),
+        )
+        assert sv.layout(even) == sv.layout((10, 2), (4,), ["S(0)"]) and not sv.layout(even).notes
+
+
+def test_a_dtensor_whose_global_shape_differs_per_rank_is_drawn_as_held():
+    sv.use("local", world_size=4)
+    with sv.record():
+        mesh = init_device_mesh("cpu", (4,))
+        dt = DTensor.from_local(sv.per_rank(_piece), mesh, [Shard(0)])  # no shape=: 12 or 8 rows
+        lay = sv.layout(dt)
+    _check_held(lay, "global shape differs per rank ({0: (12, 2), 1: (12, 2), 2: (8, 2), 3: (8, 2)})")
+    assert lay.global_shape == (10, 2)
+    np.testing.assert_array_equal(sv.show(dt).global_values(), WHOLE.numpy())
+
+
+def test_on_threads_the_pieces_each_rank_holds_are_drawn():
+    import torch.distributed as dist
+
+    sv.use("threads", world_size=4)
+    try:
+        from shardviz.backends import choose
+
+        shell = type(
+            "Shell", (), {"user_ns": {**_namespace(), "DTensor": DTensor, "Shard": Shard, "piece": _piece}}
+        )()
+        backend = choose.current()
+        backend.run_cell(
+            "mesh = init_device_mesh('cpu', (4,))\n"
+            "x = DTensor.from_local(piece(dist.get_rank()), mesh, [Shard(0)], run_check=False, "
+            "shape=(10, 2), stride=(2, 1))\n",
+            shell,
+        )
+        view = backend.run_cell("sv.show(x)", shell)
+        _check_held(view.tensor_layout, "ranks 2, 3 hold (2, 2), (2, 2) where the spec gives (3, 2), (1, 2)")
+        np.testing.assert_array_equal(view.global_values(), WHOLE.numpy())
+        own = backend.run_cell("sv.layout(x).notes", shell)  # a rank alone knows its own piece
+        assert own[0] == () and "rank 3 holds (2, 2) where the spec gives (1, 2)" in own[3][0]
+        assert "the other ranks' are not known here" in own[3][0]
+        _ = dist
+    finally:
+        sv.use("local", world_size=4)
+
+
+def test_pieces_that_do_not_tile_the_tensor_keep_the_spec_with_the_note():
+    from shardviz.geometry.layout import as_held
+
+    spec = sv.layout((10, 2), (4,), ["S(0)"])
+    lay = as_held(spec, {r: (3, 2) for r in range(4)})  # 12 rows held for 10
+    assert lay.shards == spec.shards
+    assert "rank 3 holds (3, 2) where the spec gives (1, 2)" in lay.notes[0]
+    assert "the pieces do not tile the tensor" in lay.notes[0]
+    assert sv.Layout.from_dict(lay.to_dict()) == lay  # notes travel with a saved trace
+    from shardviz.data.layout_read import decode_layout
+
+    assert decode_layout(lay.to_dict()) == lay
+    assert "notes" not in spec.to_dict()  # a layout without notes is written as before

@@ -188,14 +188,15 @@ def reuse_local_mode(mode: Any) -> None:
             del cache[key]
 
 
-def dtensor_geometry(dt: Any) -> dict[str, Any]:
-    """What the pure layout function needs to describe a DTensor."""
+def dtensor_geometry(dt: Any, shape: Sequence[int] | None = None) -> dict[str, Any]:
+    """What the pure layout function needs to describe a DTensor (``shape``: a global shape to use
+    instead of the DTensor's own, which may differ per rank)."""
     spec = dt._spec
     order = None
     so = getattr(spec, "shard_order", None)
     if so and not getattr(spec, "use_strided_shard_as_shard_order", False):
         order = {int(e.tensor_dim): tuple(int(m) for m in e.mesh_dims) for e in so}
-    return {**_spec_fields(spec, dt.shape, dt.dtype), "shard_order": order}
+    return {**_spec_fields(spec, dt.shape if shape is None else shape, dt.dtype), "shard_order": order}
 
 
 def spec_geometry(spec: Any) -> dict[str, Any] | None:
