@@ -368,3 +368,29 @@ def test_pieces_that_do_not_tile_the_tensor_keep_the_spec_with_the_note():
 
     assert decode_layout(lay.to_dict()) == lay
     assert "notes" not in spec.to_dict()  # a layout without notes is written as before
+
+
+# --- random ops with a generator of the program's own ------------------------------------------------
+
+
+def test_a_seeded_generator_draws_the_same_numbers_on_every_rank():
+    """Each real rank seeds its own generator and draws the same numbers; in lockstep the ranks
+    shared the one generator object, so rank r drew rank r-1's next numbers."""
+    sv.use("local", world_size=4)
+    plain = torch.Generator().manual_seed(7)
+    want_first, want_second = torch.randn(3, generator=plain), torch.randn(3, generator=plain)
+    from shardviz.capture import torch as _torch
+
+    with sv.record():
+        g = torch.Generator().manual_seed(7)
+        first = torch.randn(3, generator=g)
+        second = torch.randn(3, generator=g)  # the generator advanced once, not once per rank
+        filled = sv.per_rank(lambda r: torch.zeros(2) + r).uniform_(generator=g)
+    for got, want in ((first, want_first), (second, want_second)):
+        per_rank = _torch.local_tensors(got) or dict.fromkeys(range(4), got)
+        for r in range(4):
+            torch.testing.assert_close(per_rank[r], want)
+    draws = _torch.local_tensors(filled)
+    assert draws is not None
+    assert all(torch.equal(draws[r], draws[0]) for r in range(4))
+    assert torch.equal(draws[0], torch.rand(2, generator=plain))
