@@ -149,16 +149,24 @@ def diff(
     against them); the other side is then the reference. ``sv.diff(a, b)`` compares two
     ``sv.numerics`` runs.
 
-    Options: ``loss`` (default: the output's mean), ``optimizer`` (a function of the parameters;
-    default SGD with lr 0.01; False: no step), ``tolerance`` (by dtype: float32 rtol 1e-5 and atol
-    1e-5 of the tensor's largest value, bfloat16 1e-2, ...; a number, a (rtol, atol) pair or a dict
-    by dtype name overrides), ``modules`` (capture only these module paths and their children),
+    ``inputs`` may differ per rank (data parallel written by hand): a function of the rank, or
+    ``sv.per_rank`` values; the reference then runs the whole batch, the distinct parts in rank
+    order along dim 0, and a loss each rank computes over its own rows is recognised.
+
+    Options: ``loss`` (default: the output's mean; a model whose output holds no floating-point
+    tensor is compared forward only), ``optimizer`` (a function of the parameters; default SGD
+    with lr 0.01; False: no step), ``tolerance`` (by default built per row: the rule of its dtype
+    of computation — float32 rtol 1e-5 and atol 1e-5 of the magnitude of what produced it,
+    bfloat16 1e-2, ... — plus 4x the reference's own rounding measured in float64 below float32;
+    a number, a (rtol, atol) pair or a dict by dtype name replaces it), ``modules`` (capture only
+    these module paths and their children),
     ``backward=False`` (no full backward hooks: for models that write their outputs in place),
     ``budget`` (bytes of captured values, every rank's; default 256 MiB; past it a
     ``NumericsBudgetError`` says what to do), ``seed`` (``torch.manual_seed`` before each run),
     ``values`` (the parallel run's trace value policy), ``context`` (events kept per row).
 
-    The inputs are the same on every rank. The model must be deterministic (no dropout).
+    The model must be deterministic (no dropout). ``report.save(path)`` keeps the report;
+    ``sv.load(path)`` reads it back.
     """
     if isinstance(reference, StepNumerics) or isinstance(parallel, StepNumerics):
         if not (isinstance(reference, StepNumerics) and isinstance(parallel, StepNumerics)):
