@@ -42,6 +42,7 @@ def _back_to_local():
             print(f"  {n:5d}  {what}")
 
 
+@pytest.mark.slow  # ~2 minutes for all world sizes: in `make test`, not `make test-unit`
 @pytest.mark.parametrize("world", WORLDS)
 def test_random_programs_agree_on_every_side(world):
     found: list[str] = []
