@@ -197,7 +197,8 @@ def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
         raise CollectiveMismatchError(
             f"reduce_scatter of {dims(t)} over {n} ranks: dim 0 does not divide into {n} equal parts"
         )
-    return list(torch.split(t, t.shape[0] // n))
+    size = t.shape[0] // n  # narrow, not split: split of an empty dim into parts of 0 gives one part
+    return [t.narrow(0, i * size, size) for i in range(n)]
 
 
 def _reduce_scatter(calls: list[Call]) -> list[Any]:

@@ -197,22 +197,27 @@ class Trace:
                 "such event)."
             )
         w = trace_file.Writer()
-        results: dict[str, Any] | None = None
-        if self.results is not None:
-            results = {}
+        return trace_file.write(path, self.document(w), w.arrays)
+
+    def document(self, w: trace_file.Writer, results: bool = True) -> dict[str, Any]:
+        """The trace as trace.json holds it, its arrays handed to ``w`` (a report embeds it,
+        without ``results``: what sv.diff's ranks returned is in the report's rows)."""
+        saved: dict[str, Any] | None = None
+        if self.results is not None and results:
+            saved = {}
             dropped = []
             for rank, value in self.results.items():
                 enc = trace_file.encode_result(value, w)
                 if enc is None:
                     dropped.append(f"rank {rank}: {type(value).__name__}")
                 else:
-                    results[str(rank)] = enc
+                    saved[str(rank)] = enc
             if dropped:
                 warnings.warn(
                     "trace.save: results that are neither tensors nor JSON values are not saved ("
                     + ", ".join(dropped)
                     + ")",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
         doc = {
             "world_size": self.world_size,
@@ -222,12 +227,12 @@ class Trace:
             "complete": self.complete,
             "meshes": self.meshes,
             "events": [w.event(e) for e in self.events],
-            "results": results,
+            "results": saved,
             "notes": list(self.notes),
             "meta": self.meta,
             "memory": self.memory.to_dict(w.array) if self.memory is not None else None,
         }
-        return trace_file.write(path, doc, w.arrays)
+        return doc
 
 
 def _results_eq(a: dict[int, Any] | None, b: dict[int, Any] | None) -> bool:

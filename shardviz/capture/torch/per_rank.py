@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import linecache
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from ...errors import PerRankValueError
 from .c10d import p2p_groups
 from .frames import TORCH_DIR
-from .gate import LocalIntNode
+from .gate import ConstantIntNode, LocalIntNode
 from .modes import active_local_mode
 
 # In the lockstep simulation every rank runs each Python line at once, so a value that differs per
@@ -51,6 +52,7 @@ def per_rank_ints(value: Any) -> list[int] | None:
 
 
 _THIS_FILE = os.path.abspath(__file__)
+_ABSENT = object()  # an attribute the class did not have before it was patched
 # SymInt's Python operators, between the code that compares and the node's method.
 _SYMINT_PLUMBING = (
     os.path.join(TORCH_DIR, "fx", "experimental", "sym_node.py"),
@@ -102,6 +104,78 @@ def _int_on(value: Any, rank: int) -> int:
     return int(getattr(value, "val", value))
 
 
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(_THIS_FILE))) + os.sep  # shardviz/
+_PLUMBING_FILES = ("contextlib.py", "functools.py")
+
+
+def _where(frame: FrameType | None) -> str:
+    """The line that used the per-rank value: the innermost frame outside torch and shardviz (the
+    user's, or a library's such as torchtitan's), as ``file:line: text``."""
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not (fn.startswith((TORCH_DIR, _OWN_DIR)) or fn.endswith(_PLUMBING_FILES)):
+            text = linecache.getline(fn, frame.f_lineno).strip()
+            return f"{fn}:{frame.f_lineno}" + (f": {text}" if text else "")
+        frame = frame.f_back
+    return "torch's own code"
+
+
+_WAY_OUT = (
+    "In the lockstep simulation every rank runs each Python line at once, so the line cannot "
+    "take a different int or branch on each rank; one answer for all of them would be silently "
+    "wrong. Tensor arithmetic with the value works per rank (torch.ones(2) * dist.get_rank()); "
+    "to index or slice by rank write sv.per_rank(lambda rank: ...), which calls your function "
+    "with each rank; or run this code with one thread per rank, where each rank has plain ints: "
+    "sv.use('threads', world_size=N) (or on real process groups: sv.use('gloo', world_size=N))."
+)
+
+
+# The ranks whose values count in the running thread (``sv.run(fn, threads=N)``: a thread's
+# LocalTensorMode computes every rank, but stands for a block of them); None: every rank.
+_live: list[Callable[[], Collection[int] | None]] = []
+
+
+def _considered(values: Mapping[int, int]) -> dict[int, int]:
+    live = _live[-1]() if _live else None
+    if live is None:
+        return dict(values)
+    return {r: v for r, v in values.items() if r in live} or dict(values)
+
+
+def _one_int(name: str) -> Any:
+    """A LocalIntNode's conversion to one Python value (``int()``, a list index, ``range``,
+    ``len``, ``float()``, ``torch.tensor()``): the value when every rank agrees, else a
+    PerRankValueError naming the line (instead of torch's bare AttributeError)."""
+
+    def convert(self: Any, *args: Any) -> Any:
+        values = _considered(self._local_ints)
+        if len(set(values.values())) == 1:
+            (v,) = set(values.values())
+            return float(v) if name == "guard_float" else int(v)
+        raise PerRankValueError(
+            f"a per-rank value ({values}, rank: value) is used where Python needs one plain int or "
+            f"number (a list index, int(), range(), len(), float(), torch.tensor()), at "
+            f"{_where(sys._getframe(1))}. " + _WAY_OUT
+        )
+
+    convert.__name__ = name
+    return convert
+
+
+def _constant(name: str) -> Any:
+    def convert(self: Any, *args: Any) -> Any:
+        return float(self.val) if name == "guard_float" else int(self.val)
+
+    convert.__name__ = name
+    return convert
+
+
+# The node methods SymInt's conversions call (``__int__`` / ``__index__``: ``int_``; torch.tensor:
+# ``guard_int``); LocalIntNode and ConstantIntNode (the value of a size-1 mesh dim's coordinate)
+# have none of them, so each raised a bare AttributeError.
+_CONVERSIONS = ("int_", "guard_int", "guard_float")
+
+
 def _compare_per_rank(name: str, original: Any) -> Any:
     symbol = _COMPARISONS[name]
 
@@ -109,31 +183,32 @@ def _compare_per_rank(name: str, original: Any) -> Any:
     def compare(self: Any, other: Any) -> Any:
         if not _called_from_torch(sys._getframe(1)):
             per_rank = {
-                r: getattr(v, f"__{name}__")(_int_on(other, r)) for r, v in sorted(self._local_ints.items())
+                r: getattr(v, f"__{name}__")(_int_on(other, r))
+                for r, v in sorted(_considered(self._local_ints).items())
             }
             if len(set(per_rank.values())) > 1:
                 rhs = dict(getattr(other, "_local_ints", {})) or _int_on(other, 0)
                 raise PerRankValueError(
                     f"a per-rank value is compared here ({dict(self._local_ints)} {symbol} {rhs}, "
-                    f"rank: value) and the simulated ranks disagree: {per_rank}. In the simulation "
-                    "every rank runs this Python line at once, so it cannot take a different branch "
-                    "or pick a different number on each rank; one answer for all of them would be "
-                    "silently wrong. Write rank-dependent values as tensors (torch.where on "
-                    "sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
-                    "rank), or run this code with one thread per rank, where each rank has plain "
-                    "ints: sv.use('threads', world_size=N) (or on real process groups: "
-                    "sv.use('gloo', world_size=N))."
+                    f"rank: value) and the simulated ranks disagree: {per_rank}, at "
+                    f"{_where(sys._getframe(1))}. Write rank-dependent values as tensors (torch.where "
+                    "on sv.per_rank(lambda rank: ...) or on torch.ones(n) * dist.get_rank() works per "
+                    "rank). " + _WAY_OUT
                 )
+            if len(per_rank) < len(self._local_ints):  # the ranks this thread stands for agree
+                return torch._C._get_constant_bool_symnode(next(iter(per_rank.values())))
         return original(self, other)
 
     return compare
 
 
 @contextlib.contextmanager
-def per_rank_values() -> Iterator[None]:
+def per_rank_values(live: Callable[[], Collection[int] | None] | None = None) -> Iterator[None]:
     """While the simulation runs (entered inside its LocalTensorMode): ``dist.get_rank(group)`` and
-    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons of
-    per-rank ints that the ranks disagree on raise (see above). Put back when it ends."""
+    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons and
+    conversions to one int of per-rank ints that the ranks disagree on raise (see above). ``live``
+    gives the ranks the running thread stands for (threaded runs), whose values alone count.
+    Put back when it ends."""
     c10d = dist.distributed_c10d
     saved: list[tuple[Any, str, Any]] = [(dist.ProcessGroup, "rank", dist.ProcessGroup.__dict__["rank"])]
     patched: list[tuple[Any, str, Any]] = [
@@ -150,10 +225,23 @@ def per_rank_values() -> Iterator[None]:
         original = LocalIntNode.__dict__[name]
         saved.append((LocalIntNode, name, original))
         patched.append((LocalIntNode, name, _compare_per_rank(name, original)))
+    for name in _CONVERSIONS:
+        saved.append((LocalIntNode, name, LocalIntNode.__dict__.get(name, _ABSENT)))
+        patched.append((LocalIntNode, name, _one_int(name)))
+        if name not in ConstantIntNode.__dict__:  # a value every rank agrees on is one int
+            saved.append((ConstantIntNode, name, _ABSENT))
+            patched.append((ConstantIntNode, name, _constant(name)))
     for owner, name, value in patched:
         setattr(owner, name, value)
+    if live is not None:
+        _live.append(live)
     try:
         yield
     finally:
+        if live is not None:
+            _live.remove(live)
         for owner, name, value in saved:
-            setattr(owner, name, value)
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
