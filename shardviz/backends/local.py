@@ -89,6 +89,8 @@ class LocalBackend:
         with (
             _torch.tracking_meshes(),
             _torch.fsdp_in_simulation(),
+            _torch.ddp_refused(),
+            _torch.debug_modes_as_on_real_ranks(),
             _torch.premul_sum_factors(),
             mode,
             _torch.per_rank_values(),  # inside the mode: on top of what it patches
@@ -244,6 +246,8 @@ class AttachedBackend(LocalBackend):
             with (
                 _torch.tracking_meshes(),
                 _torch.fsdp_in_simulation(),
+                _torch.ddp_refused(),
+                _torch.debug_modes_as_on_real_ranks(),
                 _torch.premul_sum_factors(),
                 _torch.per_rank_values(),
                 processes.lockstep(),

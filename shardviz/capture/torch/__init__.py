@@ -30,6 +30,8 @@ from .c10d import (  # process groups and collectives
     settled,
     wait_collective,
 )
+from .ddp import ddp_refused  # DistributedDataParallel refused in the lockstep simulator
+from .debug_tools import debug_modes_as_on_real_ranks  # torch's debug modes in the lockstep simulator
 from .frames import (  # torch's own frames and files
     C10D_API_FILES,
     DISPATCH_PLUMBING,
@@ -194,7 +196,9 @@ __all__ = [
     "active_local_mode",
     "callback_work",
     "called_module",
+    "ddp_refused",
     "debug_mode_counter",
+    "debug_modes_as_on_real_ranks",
     "dispatch_mode_stack",
     "dist",
     "drop_stale_local_mode",
