@@ -65,7 +65,7 @@ def debug_modes_as_on_real_ranks() -> Iterator[None]:
         if _depth == 0:
             for cls in (CommDebugMode, DebugMode):
                 _originals[cls] = cls.__dict__["__torch_dispatch__"]
-                cls.__torch_dispatch__ = _unlogged_metadata(_originals[cls])
+                setattr(cls, "__torch_dispatch__", _unlogged_metadata(_originals[cls]))  # noqa: B010
         _depth += 1
     try:
         yield
@@ -74,5 +74,5 @@ def debug_modes_as_on_real_ranks() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 for cls, original in _originals.items():
-                    cls.__torch_dispatch__ = original
+                    setattr(cls, "__torch_dispatch__", original)  # noqa: B010
                 _originals.clear()
