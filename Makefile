@@ -46,7 +46,9 @@ define install_torch
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
 endef
 
-# Everything `make test` needs; it holds what the demo needs too.
+# Everything `make test` needs; it holds what the demo needs too. The `test` extra brings
+# transformers and accelerate (the `hf` extra, pinned) with their dependencies: none of them
+# replaces torch, so they need no --no-deps.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"

@@ -83,15 +83,7 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
         )
         return True
     if no_strategy and op.endswith("_scaled_dot_product_flash_attention_for_cpu"):
-        explain(
-            error,
-            f"shardviz: {op} has no sharding strategy in DTensor. Its inputs are sharded along the "
-            "sequence (context parallel): torch's context parallel shards attention through the GPU "
-            "kernels (flash, memory-efficient, cuDNN) only, and on CPU (the simulation, gloo) SDPA "
-            "runs this CPU kernel, which nothing shards along the sequence; real CPU ranks fail the "
-            "same way. Run context parallel on GPUs (sv.use('nccl', world_size=N)), or leave it out on "
-            "CPU (torchtitan: context_parallel_degree=1).\n" + "\n".join(drawn[:1]),
-        )
+        explain(error, _sdpa_on_cpu(op, specs, drawn))
         return True
     if no_strategy:
         why = f"{op} has no sharding strategy in DTensor"
@@ -142,6 +134,51 @@ def _per_rank_shape_text(op: str, i: int, shapes: dict[int, tuple[int, ...]]) ->
         "shape= and stride= to DTensor.from_local; between two parallel layers keep the DTensor "
         "(ColwiseParallel(use_local_output=False) then RowwiseParallel(input_layouts=Shard(-1))); or "
         "pick sizes the mesh divides evenly."
+    )
+
+
+def _sdpa_on_cpu(op: str, specs: list[object], drawn: list[str]) -> str:
+    """SDPA's CPU kernel has no sharding strategy in DTensor, whatever the placements. What the
+    user meant decides the way out: a sequence shard is context parallel; heads or batch sharded
+    is tensor or data parallel, which DTensor shards on the GPU kernels only."""
+    from . import torch as _torch
+
+    dims: set[int] = set()
+    ndim = 4
+    for spec in specs[:3]:  # query, key, value
+        g = _torch.spec_geometry(spec)
+        if g is None:
+            continue
+        ndim = len(g["global_shape"])
+        for p in getattr(spec, "placements", ()):
+            try:
+                plain = _torch.placement_to_plain(p)
+            except TypeError:
+                continue
+            if plain.kind in ("shard", "strided") and plain.dim is not None:
+                dims.add(plain.dim % ndim)
+    kernels = (
+        f"shardviz: {op} has no sharding strategy in DTensor: on CPU (the simulation, gloo) SDPA runs "
+        "this kernel, and DTensor shards only SDPA's GPU kernels (flash, memory-efficient, cuDNN); "
+        "real CPU ranks fail the same way."
+    )
+    if ndim - 2 in dims:
+        return (
+            f"{kernels} Its inputs are sharded along the sequence (context parallel): torch's context "
+            "parallel shards attention through those GPU kernels only. Run context parallel on GPUs "
+            "(sv.use('nccl', world_size=N)), or leave it out on CPU (torchtitan: "
+            "context_parallel_degree=1).\n" + "\n".join(drawn[:1])
+        )
+    which = {0: "the batch (dim 0)", 1: "attention heads (dim 1)"}
+    split = " and ".join(which.get(d, f"dim {d}") for d in sorted(dims)) or "nothing (replicated)"
+    return (
+        f"{kernels} Its inputs are sharded by {split}, not along the sequence: this is not context "
+        "parallel. The heads (and the batch rows) are independent, so each rank can attend over its "
+        "own: call F.scaled_dot_product_attention on q.to_local(), k.to_local(), v.to_local() and "
+        "wrap the result with DTensor.from_local(out, mesh, placements) (what torch's and torchtitan's "
+        "tensor-parallel plans do: ColwiseParallel(use_local_output=True) hands attention plain "
+        "local tensors); or run on GPUs (sv.use('nccl', world_size=N)), where DTensor shards SDPA by "
+        "heads and by batch.\n" + "\n".join(drawn[:1])
     )
 
 

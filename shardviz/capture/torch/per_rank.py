@@ -61,14 +61,20 @@ _SYMINT_PLUMBING = (
 _COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-def _called_from_torch(frame: FrameType | None) -> bool:
-    """Whether the code asking is torch's own (past this file and SymInt's operator plumbing)."""
+def _asker(frame: FrameType | None) -> FrameType | None:
+    """The frame of the code asking (past this file and SymInt's operator plumbing)."""
     while frame is not None:
         fn = frame.f_code.co_filename
         if fn != _THIS_FILE and fn not in _SYMINT_PLUMBING:
-            return fn.startswith(TORCH_DIR)
+            return frame
         frame = frame.f_back
-    return True
+    return None
+
+
+def _called_from_torch(frame: FrameType | None) -> bool:
+    """Whether the code asking is torch's own (past this file and SymInt's operator plumbing)."""
+    asking = _asker(frame)
+    return asking is None or asking.f_code.co_filename.startswith(TORCH_DIR)
 
 
 def group_rank_map(group: Any, ranks: Sequence[int]) -> dict[int, int]:
@@ -181,6 +187,11 @@ def _compare_per_rank(name: str, original: Any) -> Any:
 
     @functools.wraps(original)
     def compare(self: Any, other: Any) -> Any:
+        asking = _asker(sys._getframe(1))
+        if asking is not None and asking.f_code in _rank_zero_codes():
+            rank = min(self._local_ints)
+            answer = getattr(int(self._local_ints[rank]), f"__{name}__")(_int_on(other, rank))
+            return torch._C._get_constant_bool_symnode(bool(answer))
         if not _called_from_torch(sys._getframe(1)):
             per_rank = {
                 r: getattr(v, f"__{name}__")(_int_on(other, r))
@@ -202,11 +213,104 @@ def _compare_per_rank(name: str, original: Any) -> Any:
     return compare
 
 
+# --- the environment a launcher gives each rank -----------------------------------------------------
+# torchrun gives every process WORLD_SIZE and LOCAL_WORLD_SIZE (the same on every rank) and its own
+# RANK and LOCAL_RANK. In the lockstep simulation one process is every rank: the sizes are set, as
+# they are true for all; a rank's own number cannot be one string, and code that read "0" (or
+# nothing, and fell back to one process) would silently act as rank 0 on every rank. So code
+# outside torch and shardviz that reads RANK or LOCAL_RANK gets PerRankValueError naming its line;
+# "RANK" in os.environ is True, as on real ranks; torch's own code and shardviz's find them unset,
+# as they always have (they have their own per-rank ways).
+_PER_RANK_ENV = ("RANK", "LOCAL_RANK")
+_SHARED_ENV = ("WORLD_SIZE", "LOCAL_WORLD_SIZE")
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+# os.environ's own methods and the Mapping methods it inherits (get, setdefault), as files or as
+# the interpreter's frozen modules
+_MAPPING_PLUMBING = frozenset(
+    {os.__file__, sys.modules["_collections_abc"].__file__ or "", "<frozen os>", "<frozen _collections_abc>"}
+)
+
+
+def _environ_reader(frame: FrameType | None) -> FrameType | None:
+    """The frame that reads the environment (past os.py's and the Mapping methods' own)."""
+    while frame is not None and frame.f_code.co_filename in _MAPPING_PLUMBING:
+        frame = frame.f_back
+    return frame
+
+
+@contextlib.contextmanager
+def _per_rank_environ(world_size: int) -> Iterator[None]:
+    environ_type = type(os.environ)
+    getitem, contains = environ_type.__getitem__, environ_type.__contains__
+
+    def reader_is_ours(frame: FrameType | None) -> bool:
+        reader = _environ_reader(frame)
+        return reader is None or reader.f_code.co_filename.startswith((TORCH_DIR, _OWN_DIR))
+
+    def per_rank_getitem(self: Any, key: Any) -> Any:
+        if self is os.environ and key in _PER_RANK_ENV and not reader_is_ours(sys._getframe(1)):
+            reader = _environ_reader(sys._getframe(1))
+            line = f" ({reader.f_code.co_filename}, line {reader.f_lineno})" if reader is not None else ""
+            values = {r: r for r in range(world_size)}
+            raise PerRankValueError(
+                f"os.environ[{key!r}] is read here{line}: on real ranks it is each process's own number "
+                f"({values}, rank: value). The lockstep simulator runs every rank in one process, so "
+                "it has no one string to give; reading it as 0 (or falling back to a single process) "
+                "would silently make every rank rank 0. Take the rank from torch.distributed "
+                "(dist.get_rank() is a per-rank value here), or run this code with one thread per "
+                "rank, where each rank has its own environment: sv.use('threads', world_size=N)."
+            )
+        return getitem(self, key)
+
+    def per_rank_contains(self: Any, key: Any) -> bool:
+        if self is os.environ and key in _PER_RANK_ENV and not reader_is_ours(sys._getframe(1)):
+            return True
+        return bool(contains(self, key))
+
+    saved = {k: os.environ.get(k) for k in _SHARED_ENV}
+    os.environ.update({k: str(world_size) for k in _SHARED_ENV})
+    environ_type.__getitem__ = per_rank_getitem  # type: ignore[method-assign]
+    environ_type.__contains__ = per_rank_contains  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        environ_type.__getitem__ = getitem  # type: ignore[method-assign]
+        environ_type.__contains__ = contains  # type: ignore[method-assign]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# --- torch's debug printing, once, as rank 0 ---------------------------------------------------------
+# visualize_sharding prints on the rank whose mesh coordinate is 0 on every dim and returns on the
+# others. In the simulation that test compares per-rank values inside torch, where every answer is
+# kept as torch was written against (true only when all ranks agree), so it printed nothing at
+# all. Compared in that function, a per-rank value answers as on rank 0: it prints what rank 0
+# prints on real ranks.
+@functools.cache
+def _rank_zero_codes() -> frozenset[Any]:
+    try:
+        from torch.distributed.tensor.debug import _visualize_sharding
+    except ImportError:
+        return frozenset()
+
+    def nested(code: Any) -> Iterator[Any]:  # the function's own code and its generator expressions
+        yield code
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                yield from nested(const)
+
+    return frozenset(nested(_visualize_sharding.visualize_sharding.__code__))
+
+
 @contextlib.contextmanager
 def per_rank_values(live: Callable[[], Collection[int] | None] | None = None) -> Iterator[None]:
     """While the simulation runs (entered inside its LocalTensorMode): ``dist.get_rank(group)`` and
-    ``ProcessGroup.rank()`` give code outside torch each rank's own value, and comparisons and
-    conversions to one int of per-rank ints that the ranks disagree on raise (see above). ``live``
+    ``ProcessGroup.rank()`` give code outside torch each rank's own value, comparisons and
+    conversions to one int of per-rank ints that the ranks disagree on raise, and the
+    launcher's environment is set as far as it is the same on every rank (see above). ``live``
     gives the ranks the running thread stands for (threaded runs), whose values alone count.
     Put back when it ends."""
     c10d = dist.distributed_c10d
@@ -235,8 +339,14 @@ def per_rank_values(live: Callable[[], Collection[int] | None] | None = None) ->
         setattr(owner, name, value)
     if live is not None:
         _live.append(live)
+    mode = active_local_mode()
+    # the environment once, by the outermost call: a thread of a threaded run is inside it already
+    environ = (
+        _per_rank_environ(len(mode.ranks)) if mode is not None and live is None else contextlib.nullcontext()
+    )
     try:
-        yield
+        with environ:
+            yield
     finally:
         if live is not None:
             _live.remove(live)

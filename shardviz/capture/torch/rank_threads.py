@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from . import registries
+
 # torch.distributed keeps its state (the default group, group names and ranks) in one module-level
 # ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
 # threaded test process group makes both per-thread; shardviz's rank threads use the same two
@@ -116,6 +118,30 @@ def _plans_per_rank(original: Callable[..., Any]) -> Callable[..., Any]:
     return plans
 
 
+def thread_world() -> Any:
+    """This rank thread's torch.distributed world (its default group, its groups and their
+    names), for a thread it starts (``enter_thread_world``); None outside the rank threads."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    if not isinstance(dist.distributed_c10d._world, ThreadLocalWorld):
+        return None
+    world = dist.distributed_c10d._world._get_world()
+    return world, dict(world.pg_names)
+
+
+def enter_thread_world(captured: Any) -> None:
+    """In a thread a rank thread started: the same world as the rank's, and its groups
+    resolvable by name (the registry of names is per thread while the rank threads run)."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    if captured is None:
+        return
+    world, names = captured
+    ThreadLocalWorld._world.world = world
+    for pg, name in names.items():
+        torch._C._distributed_c10d._register_process_group(name, pg)
+
+
 def callback_work(wait: Callable[..., bool]) -> Any:
     """A c10d Work, boxed as c10d ops return it, whose ``wait()`` calls ``wait(timeout)``: a
     receive that blocks only when its result is asked for (``irecv``, ``batch_isend_irecv``)."""
@@ -126,14 +152,23 @@ def callback_work(wait: Callable[..., bool]) -> Any:
 
 def process_state() -> tuple[Any, ...]:
     """What of torch's process-wide state a rank changes for itself: the CPU generator, the
-    default dtype, and DTensor's custom op handlers (``loss_parallel()`` adds its own while its
-    block lasts). Each rank thread has its own, swapped in when it runs, as if it were a process."""
+    default dtype, DTensor's custom op handlers (``loss_parallel()`` adds its own while its
+    block lasts), and the registries of ``registries`` (global module hooks, frameworks'
+    singletons, the environment). Each rank thread has its own, swapped in when it runs, as if it
+    were a process."""
     handlers = DTensor._op_dispatcher._custom_op_handlers
-    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers))
+    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers), registries.save())
+
+
+def rank_process_state(start: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A rank's own copy of the notebook's ``process_state``: every rank starts from the same
+    state, as processes started from one script would."""
+    rng, dtype, handlers, contents, held = start
+    return (rng.clone(), dtype, handlers, dict(contents), held.for_a_rank())
 
 
 def restore_process_state(state: tuple[Any, ...]) -> None:
-    rng, dtype, handlers, contents = state
+    rng, dtype, handlers, contents, held = state
     torch.set_rng_state(rng)
     if torch.get_default_dtype() != dtype:
         torch.set_default_dtype(dtype)
@@ -143,6 +178,7 @@ def restore_process_state(state: tuple[Any, ...]) -> None:
     if handlers != contents:
         handlers.clear()
         handlers.update(contents)
+    registries.restore(held)
 
 
 RANK_BACKEND = "shardviz"
