@@ -20,9 +20,10 @@ BACKENDS = ("local", "threads", "gloo", "nccl")
 
 def _build(name: str, world_size: int, **options: Any) -> Backend:
     if name == "local":
+        engine = options.pop("engine", None)
         if options:
-            raise TypeError(f"the local backend takes no options, got {sorted(options)}")
-        return LocalBackend(world_size)
+            raise TypeError(f"the local backend takes one option, engine=, got {sorted(options)}")
+        return LocalBackend(world_size, engine)
     if name == "threads":
         if options:
             raise TypeError(f"the threads backend takes no options, got {sorted(options)}")
@@ -42,6 +43,8 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
         raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
     if world_size is None:
         world_size = DEFAULT_WORLD_SIZE
+    if name == "local":
+        options["engine"] = _torch.check_engine(options.get("engine") or _torch.default_engine())
     key = (name, world_size, *sorted(options.items()))
     old = session.peek()
     if old is not None and old.key() == key:

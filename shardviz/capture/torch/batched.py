@@ -25,6 +25,7 @@ arguments.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,7 @@ from torch._C._functorch import (
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import get_alias_info
 
-from . import rank_collectives
+from . import rank_collectives, stacked
 from .gate import LocalIntNode, LocalTensor, LocalTensorMode, _private
 from .stacked import (
     META_OPS,
@@ -175,13 +176,25 @@ _MOVES = _ops(
 )
 
 
+# Ops that return a view although their schema does not say so.
+_ALIASING = _ops(aten._unsafe_view)
+# Per-rank kernels that write straight into the result's stack (the functional op's own kernel).
+_OUT_OPS = {
+    aten.mm.default: aten.mm.out,
+    aten.bmm.default: aten.bmm.out,
+    aten.addmm.default: aten.addmm.out,
+}
+
+
 class _OpInfo:
-    __slots__ = ("alias_pairs", "route", "write_arg")
+    __slots__ = ("alias_pairs", "dropout_at", "out_op", "route", "write_arg")
 
     def __init__(self, func: Any) -> None:
         self.route = _TORCH
         self.alias_pairs: tuple[tuple[int, int], ...] = ()
         self.write_arg: int | None = None
+        self.dropout_at: tuple[int, float] | None = None  # a seeded op's dropout_p: (position, default)
+        self.out_op = _OUT_OPS.get(func)
         ns = func.namespace
         if ns in ("c10d", "_c10d_functional", "_dtensor"):
             self.route = _COLLECTIVE
@@ -194,6 +207,20 @@ class _OpInfo:
         schema = func._schema
         returns = schema.returns
         tags = func.tags
+        if func in _ALIASING:
+            self.route = _VIEW
+            self.alias_pairs = ((0, 0),)
+            return
+        if (
+            torch.Tag.nondeterministic_seeded in tags
+            and returns
+            and all(_is_tensor_type(r.type) for r in returns)
+        ):
+            # Attention with dropout_p = 0 draws no random number: per-rank kernels then.
+            names = [a.name for a in schema.arguments]
+            if "dropout_p" in names:
+                i = names.index("dropout_p")
+                self.dropout_at = (i, float(schema.arguments[i].default_value or 0.0))
         if (
             torch.Tag.nondeterministic_seeded in tags
             or func in _NEVER_BATCHED
@@ -266,8 +293,11 @@ class BatchedLocalTensorMode(LocalTensorMode):
     """LocalTensorMode that keeps the ranks' values stacked and runs each op once (see above).
     ``batched_ops`` and ``per_rank_ops`` count how ops ran since it was made."""
 
-    def __init__(self, ranks: int | frozenset[int]) -> None:
+    def __init__(self, ranks: int | frozenset[int], check: bool | None = None) -> None:
         super().__init__(ranks)
+        # ``check``: run every batched op rank by rank too and compare (bits, shapes, strides);
+        # for tests and for hunting a difference ($SHARDVIZ_ENGINE_CHECK=1). Slow.
+        self.check = bool(os.environ.get(CHECK_ENV)) if check is None else check
         self._world = len(self.ranks)
         self._full = self.ranks == frozenset(range(self._world))
         self.batched_ops = 0
@@ -283,7 +313,9 @@ class BatchedLocalTensorMode(LocalTensorMode):
         global _entered
         if _entered == 0:
             _lt_module._for_each_rank_run_func = _for_each_rank_adopting
-            torch._C._functorch._set_vmap_fallback_warning_enabled(False)
+            torch._C._functorch._set_vmap_fallback_warning_enabled(  # type: ignore[attr-defined]
+                False
+            )
         _entered += 1
         try:
             super().__enter__()
@@ -325,8 +357,20 @@ class BatchedLocalTensorMode(LocalTensorMode):
             if func is _WRAP_AUTOGRAD:
                 # An AsyncCollectiveTensor around the input: nothing runs per rank, so no new
                 # LocalTensorMode (and its copies of every rank's random state) around it.
-                return func._op_dk(_K.CompositeExplicitAutograd, *args, **kwargs)
+                return func._op_dk(_K.CompositeExplicitAutograd, *args, **kwargs)  # type: ignore[union-attr]
             return super().__torch_dispatch__(func, types, args, kwargs)
+        if route is _PER_RANK and info.dropout_at is not None:
+            i, default = info.dropout_at
+            p = args[i] if i < len(args) else kwargs.get("dropout_p", default)
+            if p == 0:
+                route = _LOOP
+        if route is not _PER_RANK and self.check:
+            return _checked(self, func, info, route, args, kwargs)
+        return self._run(func, info, route, args, kwargs)
+
+    def _run(
+        self, func: Any, info: _OpInfo, route: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if route is not _PER_RANK:
             found = _scan(args, kwargs)
             if found is NotImplemented:
@@ -342,7 +386,11 @@ class BatchedLocalTensorMode(LocalTensorMode):
                     out = _view(func, info, args, kwargs)
                     if out is _FALLBACK:
                         out = self._vmap(func, info, args, kwargs)
-                elif route is _MOVE or route is _INPLACE_VIEW:
+                elif route is _MOVE:
+                    out = _cat(args, kwargs) if func is _CAT else _FALLBACK
+                    if out is _FALLBACK:
+                        out = self._vmap(func, info, args, kwargs)
+                elif route is _INPLACE_VIEW:
                     out = self._vmap(func, info, args, kwargs)
                 else:
                     out = self._loop(func, info, args, kwargs)
@@ -409,13 +457,25 @@ class BatchedLocalTensorMode(LocalTensorMode):
                 return t(at(b, r) for b in a)
             return a
 
+        out_op: Any = info.out_op
         results = []
+        stk = None
         for r in range(world):
             rargs = tuple(at(a, r) for a in args)
             rkwargs = {k: at(v, r) for k, v in kwargs.items()} if kwargs else kwargs
-            results.append(func(*rargs, **rkwargs))
+            if stk is not None:
+                out_op(*rargs, **rkwargs, out=stk[r])  # the same kernel, writing in place
+                continue
+            res = func(*rargs, **rkwargs)
+            if out_op is not None and r == 0 and _row_major(res) and res.numel():
+                stk = res.new_empty((world, *res.shape))
+                stk[0].copy_(res)
+                continue
+            results.append(res)
         if info.write_arg is not None:
             return args[info.write_arg]
+        if stk is not None:
+            return wrap(stk)
         return _stack_results(results)
 
     # --- once per rank -------------------------------------------------------------------------
@@ -438,11 +498,104 @@ class BatchedLocalTensorMode(LocalTensorMode):
             if info.route is _INPLACE_VIEW and type(out) is StackedLocalTensor:
                 _sync_from_ranks(out)
             return out
-        out = _adopt(out, view=bool(info.alias_pairs))
+        if info.alias_pairs:
+            # A view keeps its input's class (torch's aliasing rules and nn.Parameter check it).
+            if all(type(args[i]) is StackedLocalTensor for i, _ in info.alias_pairs):
+                out = _adopt(out, view=True)
+        else:
+            out = _adopt(out, view=False)
         _alias_outputs(info, args, out)
         if info.write_arg is not None:
             return args[info.write_arg]
         return out
+
+
+stacked.MODE_FOR[0] = BatchedLocalTensorMode
+CHECK_ENV = "SHARDVIZ_ENGINE_CHECK"
+
+
+class EngineMismatch(AssertionError):
+    """The batched engine computed something other than the per-rank run (checking mode)."""
+
+
+def _checked(
+    mode: BatchedLocalTensorMode, func: Any, info: _OpInfo, route: int, args: Any, kwargs: Any
+) -> Any:
+    """The op batched, and rank by rank on copies of its inputs, compared."""
+    if not any(isinstance(a, LocalTensor) for a in flat_args(args, kwargs)):
+        return mode._run(func, info, route, args, kwargs)  # plain code, or a factory
+    copies = _copy_locals((args, kwargs))
+    out = mode._run(func, info, route, args, kwargs)
+    if out is NotImplemented:
+        return out
+    ref_args, ref_kwargs = copies
+    ref = _for_each_rank_run_func(func, mode.ranks, ref_args, ref_kwargs, alias=False)
+    where = f"{func} ({op_route(func)})"
+    _compare(out, ref, where)
+    for a, b in zip(flat_args(args, kwargs), flat_args(ref_args, ref_kwargs), strict=True):
+        if isinstance(a, LocalTensor):
+            _compare(a, b, where + ", an input written in place")
+    return out
+
+
+def _copy_locals(x: Any) -> Any:
+    if isinstance(x, LocalTensor):
+        with _DisableTorchDispatch():
+            return LocalTensor(
+                {r: v.clone(memory_format=torch.preserve_format) for r, v in x._local_tensors.items()}
+            )
+    if isinstance(x, (list, tuple)):
+        return type(x)(_copy_locals(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _copy_locals(v) for k, v in x.items()}
+    return x
+
+
+def _compare(out: Any, ref: Any, where: str) -> None:
+    if isinstance(out, (list, tuple)):
+        if not isinstance(ref, (list, tuple)) or len(out) != len(ref):
+            raise EngineMismatch(f"{where}: {type(out).__name__} of {len(out)} against {ref!r}")
+        for o, r in zip(out, ref, strict=True):
+            _compare(o, r, where)
+        return
+    if isinstance(out, LocalTensor) and isinstance(ref, LocalTensor):
+        with _DisableTorchDispatch():
+            mine, theirs = out._local_tensors, ref._local_tensors
+            if sorted(mine) != sorted(theirs):
+                raise EngineMismatch(f"{where}: ranks {sorted(mine)} against {sorted(theirs)}")
+            for r in theirs:
+                a, b = mine[r], theirs[r]
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    raise EngineMismatch(
+                        f"{where}: rank {r} {tuple(a.shape)} {a.dtype} against {tuple(b.shape)} {b.dtype}"
+                    )
+                if a.numel() and a.stride() != b.stride():
+                    raise EngineMismatch(f"{where}: rank {r} strides {a.stride()} against {b.stride()}")
+                if a.numel() and not _same_values(a, b):
+                    gap = (a.double() - b.double()).abs().max().item()
+                    raise EngineMismatch(f"{where}: rank {r} values differ by {gap}")
+        return
+    either = isinstance(out, torch.Tensor) or isinstance(ref, torch.Tensor)
+    if (
+        either
+        and type(out) is not type(ref)
+        and not (isinstance(out, LocalTensor) and isinstance(ref, LocalTensor))
+    ):
+        raise EngineMismatch(f"{where}: {type(out).__name__} against {type(ref).__name__}")
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit where the layout allows; NaN in the same places and equal elsewhere otherwise."""
+    if a.dtype.is_floating_point and a.is_contiguous() and b.is_contiguous():
+        if torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+            return True
+    elif torch.equal(a, b):
+        return True
+    return (
+        a.dtype.is_floating_point
+        and torch.equal(a.isnan(), b.isnan())
+        and torch.equal(a.nan_to_num(), b.nan_to_num())
+    )
 
 
 def _left() -> None:
@@ -450,7 +603,9 @@ def _left() -> None:
     _entered -= 1
     if _entered == 0:
         _lt_module._for_each_rank_run_func = _for_each_rank_run_func
-        torch._C._functorch._set_vmap_fallback_warning_enabled(True)
+        torch._C._functorch._set_vmap_fallback_warning_enabled(  # type: ignore[attr-defined]
+            True
+        )
 
 
 def _scan(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -531,6 +686,30 @@ def _pointwise(func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str
     if isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out):
         return type(out)(wrap(o) for o in out)
     return _FALLBACK
+
+
+_CAT = aten.cat.default
+
+
+def _cat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``cat`` of stacked tensors of the same number of dims: on the stacks, along the rank's dim."""
+    if kwargs or not args or type(args[0]) not in (list, tuple):
+        return _FALLBACK
+    stks = []
+    for t in args[0]:
+        if type(t) is not StackedLocalTensor:
+            return _FALLBACK
+        stks.append(t.__dict__["_stk"])
+    n = stks[0].dim() - 1
+    if n == 0 or any(s.dim() - 1 != n for s in stks):
+        return _FALLBACK  # 1-dim empty tensors and 0-dim ones: the batching rules know the corners
+    dim = args[1] if len(args) > 1 else 0
+    if not -n <= dim < n:
+        return _FALLBACK
+    try:
+        return wrap(torch.cat(stks, _dim(dim, n)))
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return _FALLBACK
 
 
 def _dim(d: int, n: int) -> int:
@@ -757,11 +936,11 @@ def _adopt(out: Any, view: bool, held: set[int] | None = None) -> Any:
             not view
             and values
             and uniform(values)
-            and values[0].is_contiguous()
+            and _dense(values[0].shape, values[0].stride())
             and not (held and any(v.untyped_storage()._cdata in held for v in values))
         ):
             with _DisableTorchDispatch():
-                wrapped = wrap(torch.stack(values))
+                wrapped = _stack_results(values)
             if out.requires_grad:
                 wrapped.requires_grad_(True)
             return wrapped
@@ -782,7 +961,7 @@ def _for_each_rank_adopting(func: Any, ranks: Any, args: Any, kwargs: Any, *, al
     if (
         alias
         or isinstance(func, torch._ops.OpOverload)
-        or not isinstance(_lt_module.enabled_local_tensor_mode(), BatchedLocalTensorMode)
+        or not isinstance(_lt_module.local_tensor_mode(), BatchedLocalTensorMode)  # disabled meanwhile
     ):
         return _for_each_rank_run_func(func, ranks, args, kwargs, alias=alias)
     special = _ONCE.get(getattr(func, "__qualname__", ""))
@@ -801,7 +980,8 @@ def _for_each_rank_adopting(func: Any, ranks: Any, args: Any, kwargs: Any, *, al
 
 
 def _per_rank_value(x: Any) -> bool:
-    """Whether ``x`` (nested lists too) holds a per-rank int or a LocalTensor that is not stacked."""
+    """Whether ``x`` (nested lists too) holds a per-rank int, a LocalTensor that is not stacked,
+    or a plain tensor (which the per-rank loop hands back as a LocalTensor of it on every rank)."""
     t = type(x)
     if t is torch.SymInt:
         return isinstance(x.node, LocalIntNode)
@@ -809,7 +989,7 @@ def _per_rank_value(x: Any) -> bool:
         return any(_per_rank_value(y) for y in x)
     if isinstance(x, LocalTensor):
         return stack_of(x) is None
-    return isinstance(x, torch.Tensor) and type(x) not in PLAIN
+    return isinstance(x, torch.Tensor)
 
 
 def _once(func: Any, args: Any, kwargs: Any) -> Any:

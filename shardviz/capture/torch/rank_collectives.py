@@ -84,7 +84,7 @@ def reduce_groups(op: Any, stk: torch.Tensor, table: GroupTable) -> torch.Tensor
     LocalTensorMode combines them (``_local_reduce``, looked up when called: the simulation may
     have given it PREMUL_SUM)."""
     parts = [stk[table.members[:, s]] for s in range(table.size)]
-    return _lt_c10d._local_reduce(op, parts)  # type: ignore[no-any-return]
+    return _lt_c10d._local_reduce(op, parts)
 
 
 def gather_groups(stk: torch.Tensor, table: GroupTable) -> torch.Tensor:

@@ -28,12 +28,13 @@ PLAIN = (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer)
 aten = torch.ops.aten
 
 
-class _RankViews(dict):  # type: ignore[type-arg]
+class _RankViews(dict):
     """A stacked tensor's ranks as views into the stack. Putting another tensor in a rank's place
     (the point-to-point runner's receive does) ends the stacking: the ranks are held one by one
     from then on, as in any LocalTensor."""
 
     __slots__ = ("owner",)
+    owner: Any
 
     def __setitem__(self, key: Any, value: Any) -> None:
         owner = getattr(self, "owner", None)
@@ -47,10 +48,10 @@ class StackedLocalTensor(LocalTensor):
     """A LocalTensor whose ranks' values are the slices of one tensor ``[ranks, ...]``
     (``stack``), or one tensor per rank where they cannot be (``stack`` None)."""
 
-    @property  # type: ignore[override]
+    @property
     def _local_tensors(self) -> dict[int, torch.Tensor]:
         try:
-            return _SLOT.__get__(self)  # type: ignore[no-any-return]
+            return _SLOT.__get__(self)
         except AttributeError:
             pass
         stk = self.__dict__["_stk"]
@@ -92,7 +93,7 @@ class StackedLocalTensor(LocalTensor):
         return out
 
     @classmethod
-    def __torch_dispatch__(  # type: ignore[override]
+    def __torch_dispatch__(
         cls,
         func: Any,
         types: tuple[Any, ...],
@@ -110,10 +111,12 @@ class StackedLocalTensor(LocalTensor):
         # An op on these tensors while no simulation runs (reading a result after it, or torch's
         # own aliasing fix-up inside a mode's handler): in a batched mode of their ranks, as a
         # LocalTensor runs its own in a LocalTensorMode.
-        from .batched import BatchedLocalTensorMode
-
-        with BatchedLocalTensorMode(ranks):
+        with MODE_FOR[0](ranks):
             return func(*args, **(kwargs or {}))
+
+
+# The batched engine's mode class, which registers itself here (it imports this module).
+MODE_FOR: list[Any] = [None]
 
 
 def wrap(stk: torch.Tensor) -> StackedLocalTensor:
@@ -150,9 +153,9 @@ def stack_of(t: Any) -> torch.Tensor | None:
         stk = t.__dict__.get("_stk")
         if stk is None and restack(t):
             stk = t.__dict__["_stk"]
-        return stk  # type: ignore[no-any-return]
+        return stk
     if tt is LocalTensor and restack(t):
-        return t.__dict__["_stk"]  # type: ignore[no-any-return]
+        return t.__dict__["_stk"]
     return None
 
 
@@ -165,7 +168,7 @@ def make_local(per_rank: dict[int, torch.Tensor]) -> LocalTensor:
     if values and uniform(values) and values[0].is_contiguous():
         with _DisableTorchDispatch():
             return wrap(torch.stack(values))
-    return LocalTensor.__new__(StackedLocalTensor, per_rank)  # type: ignore[no-any-return]
+    return LocalTensor.__new__(StackedLocalTensor, per_rank)
 
 
 def uniform(values: list[torch.Tensor]) -> bool:
