@@ -233,7 +233,7 @@ class MemoryRecorder(Recorder):
 
 def _storage_key(p: torch.Tensor) -> int:
     try:
-        return int(p.untyped_storage()._cdata)
+        return id(p.untyped_storage())  # torch keeps one Python object per live storage
     except (RuntimeError, NotImplementedError):
         return id(p)
 
