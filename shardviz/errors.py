@@ -19,12 +19,25 @@ class PerRankValueError(ShardvizError, RuntimeError):
     """Python needs one answer (a branch, a number) from a value that differs per simulated rank."""
 
 
+class LockstepLimitError(ShardvizError, NotImplementedError):
+    """Code the lockstep simulator cannot run as written; the message names the backend that can."""
+
+
 class ShardSpecError(ShardvizError, ValueError):
     """A tensor's own sharding spec (PhysicsNeMo's ShardTensor) disagrees with its local shards."""
 
 
 class SimulationWarning(UserWarning):
     """Code that runs under the simulation but does not mean what it would on real ranks."""
+
+
+class RankExitError(ShardvizError, RuntimeError):
+    """A simulated rank (a thread) called ``sys.exit``: the run stops, and the process goes on."""
+
+    def __init__(self, message: str, rank: int, code: object = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.code = code
 
 
 class TraceFileError(ShardvizError, ValueError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,12 +23,19 @@ def test_requirements_pin_the_cpu_build_of_torch():
     assert any(r.startswith("jupyterlab") for r in reqs)
 
 
-def test_post_build_installs_the_project_and_is_executable():
+def test_post_build_installs_what_make_demo_installs_and_is_executable():
     post = BINDER / "postBuild"
     assert os.access(post, os.X_OK)
     text = post.read_text()
     assert text.startswith("#!/usr/bin/env bash")
-    assert re.search(r"pip install .*-e \"\.\[cluster\]\"", text)
+    # the demo's extra, then torchtitan and PhysicsNeMo with --no-deps, pinned by the Makefile
+    assert re.search(r"pip install .*-e \"\.\[notebook\]\"", text)
+    assert re.search(r"pip install .*--no-deps \$\(make -s frameworks\)", text)
+    made = subprocess.run(["make", "-s", "frameworks"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    demo = subprocess.run(["make", "-n", "demo", "VENV=/none"], cwd=ROOT, capture_output=True, text=True)
+    for pin in made.stdout.split():
+        assert pin in demo.stdout, pin
+    assert "torchtitan==" in made.stdout and "nvidia-physicsnemo==" in made.stdout
 
 
 def test_readme_badge_opens_the_tour():

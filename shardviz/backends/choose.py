@@ -10,23 +10,44 @@ import weakref
 from typing import Any
 
 from ..capture import torch as _torch
-from . import session
-from .base import Backend
+from ..errors import BackendError
+from . import capacity, session
+from .base import Backend, check_world_size
 from .local import AttachedBackend, LocalBackend
 
 DEFAULT_WORLD_SIZE = 4
+CHECK_CAPACITY = capacity.OVERRIDE.split("=")[0]
 BACKENDS = ("local", "threads", "gloo", "nccl")
 
 
+def _check(name: str, world_size: int, options: dict[str, Any]) -> None:
+    """Refuse what cannot start before the backend in use is closed: a simulator's unknown options,
+    a world larger than this machine can hold (``check_capacity=False`` skips that)."""
+    if name not in ("local", "threads"):
+        return
+    checked = options.get(CHECK_CAPACITY, True)
+    allowed = {CHECK_CAPACITY, "engine"} if name == "local" else {CHECK_CAPACITY}
+    if set(options) - allowed:
+        raise TypeError(
+            f"the {name} backend takes no options but {', '.join(sorted(allowed))}, got {sorted(options)}"
+        )
+    check_world_size(world_size)
+    if checked:
+        threads = world_size if name == "threads" else 0
+        capacity.check(
+            f"sv.use({name!r}, world_size={world_size:,})",
+            threads,
+            world_size,
+            "Use a smaller world"
+            + (" (the lockstep simulator, sv.use('local'), needs no thread per rank)" if threads else ""),
+        )
+
+
 def _build(name: str, world_size: int, **options: Any) -> Backend:
+    _check(name, world_size, options)
     if name == "local":
-        engine = options.pop("engine", None)
-        if options:
-            raise TypeError(f"the local backend takes one option, engine=, got {sorted(options)}")
-        return LocalBackend(world_size, engine)
+        return LocalBackend(world_size, options.get(CHECK_CAPACITY, True), options.get("engine"))
     if name == "threads":
-        if options:
-            raise TypeError(f"the threads backend takes no options, got {sorted(options)}")
         from .threads import ThreadsBackend  # its meeting point loads only when asked for
 
         return ThreadsBackend(world_size)
@@ -49,6 +70,8 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
     old = session.peek()
     if old is not None and old.key() == key:
         return old
+    _refuse_inside_a_run(f"sv.use({name!r}, world_size={world_size})", old)
+    _check(name, world_size, options)
     if old is not None:
         old.close()
         session.install(None)
@@ -77,8 +100,21 @@ def current() -> Backend:
     return backend
 
 
+def _refuse_inside_a_run(call: str, old: Backend | None) -> None:
+    running = session.run_in_progress()
+    if running is None:
+        return
+    world = f"the {old.name!r} backend's {old.world_size} ranks" if old is not None else "its world"
+    raise BackendError(
+        f"{call} inside {running}: that recording runs on {world} from its start to its end, and "
+        "changing the world under it would give collectives over ranks its trace does not have and "
+        "numbers no real run gives. Call it before the block or cell starts, or after it ends."
+    )
+
+
 def restart() -> Backend:
     """Rebuild the current backend with the same arguments (real backends: in place)."""
+    _refuse_inside_a_run("sv.restart()", session.peek())
     backend = current().restart()
     session.install(backend)
     return backend
@@ -95,5 +131,10 @@ def show(obj: Any, **options: Any) -> Any:
 
 
 def device_type() -> str:
+    """The device type of the current backend's tensors: ``"cpu"`` for the simulators and gloo,
+    ``"cuda"`` for nccl, so that ``init_device_mesh(sv.device_type(), ...)`` runs on any backend.
+
+    It reads the backend's kind and initialises nothing (the notebook never touches CUDA itself).
+    """
     backend = session.peek()
     return "cpu" if backend is None else backend.device_type()

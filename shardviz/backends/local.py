@@ -19,19 +19,31 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..capture import processes
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
-from . import session
+from . import capacity, session
 from .base import MEMORY_REFUSED, check_world_size, counts_memory, rank_tensor
+
+
+def outside_simulation_note(world_size: int) -> str:
+    return (
+        f"shardviz: this collective ran outside the simulation. sv.use('local', world_size={world_size}) "
+        f"made a fake process group so that code inside sv.record(), sv.run(fn) or a %%spmd cell runs on "
+        f"{world_size} simulated ranks; outside them no rank but this process exists, and the collective "
+        f"would give the value of a world of one, which no real world of {world_size} ranks gives. Run it "
+        "inside `with sv.record():` (or sv.run / %%spmd), or on real ranks with sv.use('gloo', world_size=N)."
+    )
 
 
 class LocalBackend:
     name = "local"
     simulated = True
 
-    def __init__(self, world_size: int = 4, engine: str | None = None) -> None:
+    def __init__(self, world_size: int = 4, check_capacity: bool = True, engine: str | None = None) -> None:
         self.world_size = check_world_size(world_size)
+        self.check_capacity = check_capacity  # sv.run(fn, threads=N) checks N against the machine
         # "batched": each op once for all ranks on their stacked values; "lockstep": torch's
         # LocalTensorMode, each op once per rank. $SHARDVIZ_ENGINE picks when none is named.
         self.engine = _torch.check_engine(engine) if engine is not None else _torch.default_engine()
@@ -64,7 +76,10 @@ class LocalBackend:
                     f"sv.use('local', world_size={size}) if it is a fake group."
                 )
         hook = sys.excepthook
-        dist.init_process_group("fake", rank=0, world_size=self.world_size)
+        _torch.guard_fake_groups(outside_simulation_note(self.world_size))
+        dist.init_process_group(
+            "fake", rank=0, world_size=self.world_size, pg_options=_torch.simulation_world_options()
+        )
         # torch tags every later traceback of the process with "[rank0]:": the simulator is every
         # rank at once, and a plain error in the notebook or script is no rank's.
         sys.excepthook = hook
@@ -91,21 +106,26 @@ class LocalBackend:
         with (
             _torch.tracking_meshes(),
             _torch.fsdp_in_simulation(),
+            _torch.ddp_refused(),
+            _torch.debug_modes_as_on_real_ranks(),
             _torch.premul_sum_factors(),
             mode,
             _torch.per_rank_values(),  # inside the mode: on top of what it patches
+            processes.lockstep(),  # executor tasks run here; threads it starts are guarded
         ):
             yield mode
 
     def close(self) -> None:
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
+        if self._owns_pg:
+            _torch.unguard_fake_groups()
         self._owns_pg = False
 
     def restart(self) -> LocalBackend:
         """A new simulator of the same size: a new fake process group and a fresh mode."""
         self.close()
-        return LocalBackend(self.world_size, self.engine)
+        return LocalBackend(self.world_size, self.check_capacity, self.engine)
 
     @contextlib.contextmanager
     def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
@@ -122,7 +142,7 @@ class LocalBackend:
         else:
             recorder = Recorder(trace, self.world_size, values)
         try:
-            with self.simulate(), recorder:
+            with session.running("sv.record()"), self.simulate(), recorder:
                 yield trace
         except BaseException as e:
             trace.complete = False
@@ -147,15 +167,25 @@ class LocalBackend:
         if threads is not None:
             if counts_memory(memory):
                 raise NotImplementedError(MEMORY_REFUSED)
-            from ..capture.p2p import run_threads
+            from ..capture.p2p import live_ranks, run_threads
 
+            live_ranks(self.world_size, threads)  # a bad threads= is refused before anything else
+            if self.check_capacity:
+                capacity.check(
+                    f"sv.run(fn, threads={threads:,})",
+                    threads,
+                    threads * self.world_size,  # each thread simulates the whole world
+                    "Use fewer threads (a divisor of the world size, e.g. the pipeline size)",
+                    f"call sv.use('local', world_size={self.world_size}, {capacity.OVERRIDE}) first",
+                )
             self._ensure_pg()
             trace = Trace(self.world_size, "local", values)
-            run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
+            with session.running(f"sv.run(fn, threads={threads})"):
+                run_threads(trace, fn, args, kwargs, threads=threads, done=session.set_last)
             return trace
         from ..capture.recorder import split_per_rank
 
-        with self.record(values, memory=memory) as trace:
+        with session.running("sv.run(fn)"), self.record(values, memory=memory) as trace:
             result = fn(*args, **kwargs)
             trace.results = split_per_rank(result, range(self.world_size))
         return trace
@@ -184,7 +214,10 @@ class LocalBackend:
 
         body, last = compile_cell(cell)
         ns = shell.user_ns
-        with self.record(DEFAULT_VALUE_BUDGET if values is None else values):
+        with (
+            session.running("a %%spmd cell"),
+            self.record(DEFAULT_VALUE_BUDGET if values is None else values),
+        ):
             return run_compiled(body, last, ns)
 
     def show(self, obj: Any, **options: Any) -> Any:
@@ -212,6 +245,7 @@ class AttachedBackend(LocalBackend):
             )
         self._owns_pg = False
         self._mode = mode
+        self.check_capacity = True
 
     def key(self) -> tuple[Any, ...]:
         return ("attached", id(self._mode))
@@ -245,8 +279,11 @@ class AttachedBackend(LocalBackend):
             with (
                 _torch.tracking_meshes(),
                 _torch.fsdp_in_simulation(),
+                _torch.ddp_refused(),
+                _torch.debug_modes_as_on_real_ranks(),
                 _torch.premul_sum_factors(),
                 _torch.per_rank_values(),
+                processes.lockstep(),
             ):
                 yield self._mode
         finally:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _current: Backend | None = None
 _last: Trace | None = None
 _drawer: Callable[..., Any] | None = None
+_running: list[str] = []  # what runs on the current backend's world now (outermost first)
 
 
 def peek() -> Backend | None:
@@ -45,6 +46,24 @@ def swapped(backend: Backend) -> Iterator[Backend]:
         yield backend
     finally:
         install(saved)
+
+
+@contextlib.contextmanager
+def running(what: str) -> Iterator[None]:
+    """While it lasts, ``what`` (``"sv.record()"``, ``"sv.run(fn)"``, ``"a %%spmd cell"``) runs on
+    the current backend's world, so that world must not change under it: ``sv.use`` and
+    ``sv.restart`` refuse until it ends (a recording of 4 ranks that went on in a world of 8 would
+    hold groups of ranks its trace does not have, and numbers no real run gives)."""
+    _running.append(what)
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
+def run_in_progress() -> str | None:
+    """The outermost run or recording on the current backend's world, or None."""
+    return _running[0] if _running else None
 
 
 def world_size() -> int | None:

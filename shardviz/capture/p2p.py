@@ -25,13 +25,14 @@ import contextlib
 import itertools
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from ..data.events import CollectiveEvent, ComputeEvent, Event, LocalEvent, Source, TensorSnapshot, dtype_size
 from ..data.trace import Trace
-from ..errors import BackendError, DeadlockError, P2PError
+from ..errors import BackendError, DeadlockError, P2PError, RankExitError
 from . import torch as _torch
 from .recorder import Recorder, ValueBudget, frames, mesh_dim, split_per_rank, to_numpy
 
@@ -73,7 +74,12 @@ def run_threads(
     world = trace.world_size
     state = _Run(world, live_ranks(world, threads), values)
     try:
-        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), state.pipeline_hooks():
+        with (
+            _torch.tracking_meshes(),
+            _torch.fsdp_in_simulation(),
+            _torch.per_rank_values(state.sim.live_ranks),  # dist.get_rank() is each rank's, not 0
+            state.pipeline_hooks(),
+        ):
             results = state.sim.run(lambda t: fn(t, *args, **kwargs), setup=state.thread_setup)
     except _torch.P2PStuck as e:
         trace.complete = False
@@ -88,16 +94,65 @@ def run_threads(
     except _torch.P2PGroupError as e:
         trace.complete = False
         raise P2PError(str(e)) from None
-    except BaseException:
+    except BaseException as e:
         trace.complete = False
-        _finish(state, trace)
-        done(trace)
-        raise
+        with contextlib.suppress(Exception):  # a thread left running may still be recording
+            _finish(state, trace)
+            done(trace)
+        raise _explained(e, state)  # noqa: B904 - the same error, or one whose cause is set
     _finish(state, trace)
     trace.results = {}
     for t, live in enumerate(state.live):
         trace.results.update(split_per_rank(results.get(t), sorted(live)))
     done(trace)
+
+
+def _explained(error: BaseException, state: _Run) -> BaseException:
+    """A thread's ``sys.exit`` as a named error; Ctrl-C with where each thread was."""
+    sim = state.sim
+    threads = len(state.live)
+
+    def ranks(t: int) -> str:
+        live = sorted(state.live[t])
+        return f"thread {t} (rank{'s' if len(live) > 1 else ''} {', '.join(map(str, live))})"
+
+    if isinstance(error, SystemExit) and sim.error_thread is not None:
+        t = sim.error_thread
+        tb = traceback.extract_tb(error.__traceback__)
+        at = f" at line {tb[-1].lineno} of {tb[-1].filename}: {tb[-1].line}" if tb else ""
+        exit_error = RankExitError(
+            f"{ranks(t)} of sv.run(fn, threads={threads}) called sys.exit({error.code!r}){at}. Real "
+            "ranks' processes would end there; here the run stops, and the kernel or script goes on. "
+            "(os._exit in a thread ends the whole process: the notebook's kernel with it.)",
+            rank=min(state.live[t]),
+            code=error.code,
+        )
+        exit_error.__cause__ = error
+        return exit_error
+    if isinstance(error, RuntimeError) and "can't start new thread" in str(error):
+        started = sum(1 for t in sim.idents)
+        out = BackendError(
+            f"sv.run(fn, threads={threads}): the OS refused to start a thread ({error}) after "
+            f"{started} had started; those are stopped again. Use fewer threads (a divisor of the "
+            "world size, e.g. the pipeline size)."
+        )
+        out.__cause__ = error
+        return out
+    if isinstance(error, Exception) and sim.error_thread is not None and not isinstance(error, P2PError):
+        error.add_note(
+            f"raised on {ranks(sim.error_thread)} of sv.run(fn, threads={threads}); the run stopped there."
+        )
+    if isinstance(error, KeyboardInterrupt) and sim.positions:
+        where = "\n".join(f"  {ranks(t)}: {sim.positions[t]}" for t in sorted(sim.positions))
+        note = f"stopped by Ctrl-C (sv.run(fn, threads={threads})); where each thread was:\n{where}"
+        if sim.left_running:
+            note += (
+                f"\nthread {', '.join(map(str, sim.left_running))} had not stopped "
+                f"{_torch.P2P_STOP_WAIT:g} s later (in a call Python cannot interrupt: a long torch op, a "
+                "lock, I/O); it ends with that call."
+            )
+        error.add_note(note)
+    return error
 
 
 class _ThreadRecorder(Recorder):

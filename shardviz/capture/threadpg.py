@@ -26,12 +26,13 @@ when the running rank blocks or finishes, in rank order), which
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import os
 import queue
 import sys
 import threading
+import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import DeadlockError, ShardvizError
+from ..errors import BackendError, DeadlockError, RankExitError, ShardvizError
+from . import processes, stopping
 from . import torch as _torch
 from .meetings import (
     RUN,
@@ -86,6 +88,38 @@ def current_threads() -> RankThreads | None:
 def current_mode() -> MeetingMode | None:
     """The rank's meeting mode, while it runs a job: the recorder hears from it."""
     return getattr(_local, "mode", None) if getattr(_local, "busy", False) else None
+
+
+def rank_context() -> tuple[int, RankThreads] | None:
+    """The rank (and its threads) whose code runs in this thread, for a thread it starts."""
+    rank, pool = current_rank(), current_threads()
+    return None if rank is None or pool is None else (rank, pool)
+
+
+def adopt_rank_context(context: tuple[int, RankThreads]) -> None:
+    """In a thread a rank started: it belongs to that rank (its printing, ``sv.show``, its rank)."""
+    _local.rank, _local.pool = context
+    _local.busy = True
+
+
+def _rank_child() -> Callable[[], Any] | None:
+    """In a rank's thread that starts a thread: what that thread runs first to be in the rank's
+    world (``shardviz.capture.processes``)."""
+    context = rank_context()
+    if context is None:
+        return None
+    world = _torch.thread_world()
+    guard = processes.guard(lockstep=False, rank=context[0])
+
+    def setup() -> None:
+        adopt_rank_context(context)
+        _torch.enter_thread_world(world)
+        guard()
+
+    return setup
+
+
+processes.register_kind("threads", _rank_child)
 
 
 def _ordinal(n: int) -> str:
@@ -148,16 +182,30 @@ class RankThreads:
         self._reset()
         start = _torch.process_state()  # every rank starts from the same state, as processes would
         for r in range(world_size):
-            rng, dtype, handlers, contents = start
-            self._state[r] = (rng.clone(), dtype, handlers, dict(contents))
-        self._threads = [
-            threading.Thread(target=self._main, args=(r,), name=f"shardviz-rank-{r}", daemon=True)
-            for r in range(world_size)
-        ]
-        for t in self._threads:
-            t.start()
+            self._state[r] = _torch.rank_process_state(start)
+        self._busy: set[int] = set()  # ranks whose thread is in a job (a stopped run's may still be)
+        self.stop = stopping.Stop(_Aborted)
+        _torch.settle_cuda_guard()
         self.closed = False
-        self.run(self._join_world)
+        self._threads: list[threading.Thread] = []
+        try:
+            for r in range(world_size):
+                t = threading.Thread(target=self._main, args=(r,), name=f"shardviz-rank-{r}", daemon=True)
+                t.start()
+                self._threads.append(t)
+        except RuntimeError as e:  # the OS refused a thread: end the ones started, then say so
+            self._end_threads()
+            raise BackendError(
+                f"could not start the thread of rank {len(self._threads)} of {world_size} ({e}); the "
+                f"{len(self._threads)} started are stopped again. This machine cannot run that many "
+                "threads now: use a smaller world, or the lockstep simulator, which needs no thread "
+                f"per rank: sv.use('local', world_size={world_size})"
+            ) from e
+        try:
+            self.run(self._join_world)
+        except BaseException:
+            self.close()
+            raise
 
     # --- state of one run ----------------------------------------------------------------------
 
@@ -200,18 +248,22 @@ class RankThreads:
         _local.rank = rank
         _local.pool = self
         while True:
-            job = self._inbox[rank].get()
-            if job is None:
-                return
-            self._serve(rank, job)
+            try:
+                job = self._inbox[rank].get()
+                if job is None:
+                    return
+                self._serve(rank, job)
+            except _Aborted:  # a stop that came as the job ended: the thread serves on
+                continue
 
     def _serve(self, rank: int, job: _Job) -> None:
         cond = self.cond
-        with cond:
-            self.idents[rank] = threading.get_ident()
-            while self.turn != rank and self.error is None:
-                cond.wait()
+        stopping.enrol(self.stop)
         try:
+            with cond:
+                self.idents[rank] = threading.get_ident()
+                while self.turn != rank and self.error is None:
+                    cond.wait()
             if self.error is not None:
                 raise _Aborted()
             self.started.add(rank)
@@ -231,11 +283,25 @@ class RankThreads:
             with cond:
                 self._fail(e, rank)
         finally:
-            with cond:
-                self.finished.add(rank)
-                self.waiting.pop(rank, None)
-                self._pass_baton(rank)
-                cond.notify_all()
+            stopping.leave()
+            self._settle(rank)
+
+    def _settle(self, rank: int) -> None:
+        """The rank's job is over: noted, and the baton passed on. A stop raised in this thread
+        after its job ended (Ctrl-C as it finished) is taken back, or met here and retried, so
+        that the bookkeeping always happens."""
+        while True:
+            try:
+                with self.cond:
+                    stopping.clear_pending(threading.get_ident())
+                    self.finished.add(rank)
+                    self.waiting.pop(rank, None)
+                    self._busy.discard(rank)
+                    self._pass_baton(rank)
+                    self.cond.notify_all()
+                return
+            except _Aborted:
+                continue
 
     def _fail(self, error: BaseException, rank: int | None) -> None:
         """With the lock held: the run ends with ``error`` (the first one only), and where every
@@ -244,6 +310,7 @@ class RankThreads:
             return
         self.positions = {r: self.where(r) for r in range(self.world_size) if r != rank}
         self.error, self.error_rank = error, rank
+        self.stop.set()  # a rank sleeping in time.sleep wakes and stops
 
     def _switch_in(self, rank: int) -> None:
         """This rank takes the baton: its torch state (generator, default dtype, DTensor's op
@@ -365,15 +432,27 @@ class RankThreads:
                 "code already runs on every rank; call the function directly"
             )
         job = _Job(fn)
+        self._wait_idle()
         main_state = _torch.process_state()
         saved_env = {k: os.environ.get(k) for k in self._env[0]}
         with self.cond:
             self._reset()
+            self.stop = stopping.Stop(_Aborted)
+            self._busy = set(range(self.world_size))
         try:
-            with _torch.thread_local_c10d(), _torch.tracking_meshes(), _torch.premul_sum_factors():
+            with (
+                _torch.thread_local_c10d(),
+                _torch.tracking_meshes(),
+                _torch.premul_sum_factors(),
+                stopping.stoppable_sleeps(),
+                processes.simulated_processes(),  # threads a rank starts are in its world
+            ):
                 for box in self._inbox:
                     box.put(job)
-                self._wait_all()
+                try:
+                    self._wait_all()
+                except KeyboardInterrupt as e:  # the run ends with it (``_failure``)
+                    self._stop_on(e)
         finally:
             _torch.restore_process_state(main_state)
             for k, v in saved_env.items():
@@ -387,32 +466,66 @@ class RankThreads:
 
     def _wait_all(self) -> None:
         with self.cond:
-            try:
-                while len(self.finished) < self.world_size:
-                    self.cond.wait(0.1)
-            except KeyboardInterrupt:
-                self._interrupt()
-                while len(self.finished) < self.world_size:
-                    self.cond.wait(0.1)
-                raise
+            while len(self.finished) < self.world_size:
+                self.cond.wait(0.1)
 
-    def _interrupt(self) -> None:
-        """Ctrl-C in the notebook: stop the rank that runs, and the others with it."""
-        self._fail(KeyboardInterrupt(), None)
+    def _stop_on(self, error: KeyboardInterrupt) -> None:
+        """Ctrl-C: the ranks stop at their next line of Python (a sleep at once); one in a call
+        Python cannot interrupt is left to end it, and named. A second Ctrl-C stops the waiting."""
+        with contextlib.suppress(KeyboardInterrupt), self.cond:
+            self._interrupt(error)
+            deadline = time.monotonic() + STOP_WAIT
+            while len(self.finished) < self.world_size and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+
+    def _interrupt(self, error: KeyboardInterrupt) -> None:
+        """Ctrl-C in the notebook: the rank that runs is stopped at its next line of Python (a
+        sleep at once), and the others, which wait for their turn, with it."""
+        self._fail(error, None)
         running = self.turn
         self.cond.notify_all()
         if running is not None and running not in self.finished:
             ident = self.idents.get(running)
             if ident is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_Aborted))
+                stopping.raise_in(ident, _Aborted)
+
+    def _wait_idle(self) -> None:
+        """Before a run: every rank thread is back from the last one (after Ctrl-C, one that was
+        in a call Python cannot interrupt may still be there for a while)."""
+        deadline = time.monotonic() + IDLE_WAIT
+        with self.cond:
+            while self._busy and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+            if self._busy:
+                where = "; ".join(f"rank {r}: {self.where(r)}" for r in sorted(self._busy))
+                raise BackendError(
+                    f"{_ranks(sorted(self._busy))} of the run stopped by Ctrl-C still "
+                    f"{'runs' if len(self._busy) == 1 else 'run'} a call Python cannot interrupt ({where}), "
+                    "so no new run can start on these threads. Wait for it to end, or call "
+                    "sv.restart() for new rank threads."
+                )
 
     def _failure(self) -> BaseException:
         e = self.error
         assert e is not None
-        if isinstance(e, DeadlockError | CollectiveMismatchError | KeyboardInterrupt):
+        if isinstance(e, DeadlockError | CollectiveMismatchError):
             return e  # the meeting point's own errors name every rank already
+        if isinstance(e, KeyboardInterrupt):
+            where = "\n".join(f"  rank {r}: {self.positions.get(r, '?')}" for r in range(self.world_size))
+            note = f"stopped by Ctrl-C (sv.use('threads')); where each rank was:\n{where}"
+            left = [r for r in range(self.world_size) if r not in self.finished]
+            if left:
+                note += (
+                    f"\n{_ranks(left)} had not stopped {STOP_WAIT:g} s later (in a call Python cannot "
+                    "interrupt: a long torch op, a lock, I/O); the next run waits for it, and "
+                    "sv.restart() starts new rank threads."
+                )
+            e.add_note(note)
+            return e
         rank = self.error_rank
         others = [f"  rank {r}: {self.positions.get(r, '?')}" for r in range(self.world_size) if r != rank]
+        if isinstance(e, SystemExit) and rank is not None:
+            e = _exit_error(e, rank, self.world_size, "sv.use('threads')")
         note = f"raised on rank {rank} of {self.world_size} (sv.use('threads')); the run stopped there."
         if others:
             note += " The other ranks:\n" + "\n".join(others)
@@ -420,16 +533,21 @@ class RankThreads:
         return e
 
     def close(self) -> None:
-        """Leave every rank's process group and end the threads."""
+        """Leave every rank's process group and end the threads (a thread still in a call Python
+        cannot interrupt is not waited for: it ends with that call)."""
         if self.closed:
             return
         with contextlib.suppress(BaseException):
             self.run(self._leave_world)
         self.closed = True
-        for box in self._inbox:
-            box.put(None)
-        for t in self._threads:
-            t.join(timeout=5)
+        self._end_threads()
+
+    def _end_threads(self) -> None:
+        for r in range(len(self._threads)):
+            self._inbox[r].put(None)
+        stopping.wait_ended(
+            [t for r, t in enumerate(self._threads) if r not in self._busy], time.monotonic() + 5
+        )
 
     # --- meeting ---------------------------------------------------------------------------------
 
@@ -519,16 +637,38 @@ class RankThreads:
 
         self.block(rank, _Wait(lambda: bool(q), what, lambda: [src]))
         msg = q.pop(0)
-        if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
+        if buf.numel() != msg.value.numel() or buf.dtype != msg.value.dtype:
             raise CollectiveMismatchError(
                 f"recv on rank {rank} from rank {src}: the receive buffer is {dims(buf)} but rank {src} "
-                f"sent {dims(msg.value)}; they must match, as on real process groups{_where(frame)}"
+                f"sent {dims(msg.value)}; real process groups need the same number of elements of "
+                f"the same dtype{_where(frame)}"
             )
         with _torch.no_dispatch(), torch.no_grad():
-            buf.copy_(msg.value)
+            buf.copy_(msg.value.reshape(buf.shape))  # the bytes, as real ranks move them
         msg.received = True
         msg.stamp = self.tick()
         return msg
+
+
+STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the ranks to stop
+IDLE_WAIT = 3.0  # seconds a run waits for a stopped run's threads
+
+
+def _exit_error(error: SystemExit, rank: int, world_size: int, where: str) -> RankExitError:
+    """A rank's ``sys.exit`` as an error naming the rank, the exit code and the line: raised as it
+    is, it would end the notebook's script with that status (0: as if all went well)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" at line {frames[-1].lineno} of {frames[-1].filename}: {frames[-1].line}" if frames else ""
+    out = RankExitError(
+        f"rank {rank} of {world_size} ({where}) called sys.exit({error.code!r}){at}. A real rank's "
+        "process would end there and the others would wait for it; here the run stops, and the "
+        "kernel or script goes on. (os._exit in a rank ends the whole process: the notebook's "
+        "kernel with it.)",
+        rank=rank,
+        code=error.code,
+    )
+    out.__cause__ = error
+    return out
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import TraceFileError
 from . import describe, trace_file
 from .cost import CostSummary, Link
 from .cost import summary as cost_summary
 from .events import (
     EVENT_TYPES,
     CollectiveEvent,
+    ComputeEvent,
     Event,
     LocalEvent,
     OpEvent,
@@ -77,24 +79,30 @@ class Trace:
         return self.events[i]
 
     def event(self, event_id: int) -> Event:
+        """The event with id ``event_id`` (KeyError if none)."""
         for e in self.events:
             if e.id == event_id:
                 return e
         raise KeyError(f"no event with id {event_id} in this trace")
 
     def collectives(self) -> list[CollectiveEvent]:
+        """The collective events (send and recv included), in execution order."""
         return [e for e in self.events if isinstance(e, CollectiveEvent)]
 
     def redistributes(self) -> list[RedistributeEvent]:
+        """The redistribute events, in execution order."""
         return [e for e in self.events if isinstance(e, RedistributeEvent)]
 
     def ops(self) -> list[OpEvent]:
+        """The DTensor operator events, in execution order."""
         return [e for e in self.events if isinstance(e, OpEvent)]
 
     def locals(self) -> list[LocalEvent]:
+        """The events of local compute on shards (``to_local()`` code), in execution order."""
         return [e for e in self.events if isinstance(e, LocalEvent)]
 
     def children(self, event_id: int | None) -> list[Event]:
+        """The events directly inside event ``event_id`` (None: the top-level events)."""
         return [e for e in self.events if e.parent == event_id]
 
     def __str__(self) -> str:
@@ -114,9 +122,39 @@ class Trace:
 
     def check(self) -> dict[int, FlowCheck]:
         """Collectives whose recorded outputs differ from what the op's semantics give for their
-        recorded inputs (``shardviz.data.flow``), by event id: empty when everything adds up. A
-        debugging tool must not hide a wrong result, the simulator's own included."""
-        return {i: c for i, c in check_trace(self.events).items() if c.checked and not c.ok}
+        recorded inputs (``shardviz.data.flow``), and events that name ranks outside this trace's
+        world, by event id: empty when everything adds up. A debugging tool must not hide a wrong
+        result, the simulator's own included."""
+        out = {i: c for i, c in check_trace(self.events).items() if c.checked and not c.ok}
+        for i, why in self.outside_world().items():
+            out[i] = FlowCheck(ok=False, checked=True, max_error={}, note=why)
+        return out
+
+    def outside_world(self) -> dict[int, str]:
+        """Events that name ranks this trace's world does not have (or a rank twice in one group),
+        by event id, each with what it names: a trace of 4 ranks holding a group [0..7] was recorded
+        in another world than the one it says, and no reader can trust its numbers."""
+        world = range(self.world_size)
+        out: dict[int, str] = {}
+        for e in self.events:
+            groups = getattr(e, "groups", ())
+            if isinstance(e, ComputeEvent):
+                groups = (e.ranks,)
+            named = [r for g in groups for r in g]
+            for attr in ("inputs", "outputs", "nbytes"):
+                named += list(getattr(e, attr, {}))
+            outside = sorted({r for r in named if r not in world})
+            if outside:
+                out[e.id] = (
+                    f"event #{e.id} names {'rank' if len(outside) == 1 else 'ranks'} "
+                    f"{describe.rank_list(outside)} outside this trace's world of "
+                    f"{self.world_size} ranks (0..{self.world_size - 1})"
+                )
+                continue
+            twice = next((g for g in groups if len(set(g)) != len(g)), None)
+            if twice is not None:
+                out[e.id] = f"event #{e.id} has a group that names a rank twice: {describe.group(twice)}"
+        return out
 
     def summary(self, link: str | Link | None = None) -> CostSummary:
         """Communication cost per collective, per mesh dim and per module (``str()`` is a table,
@@ -154,24 +192,38 @@ class Trace:
     # --- files -------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
-        """Write the trace (values and results included) as one zip of JSON and .npy files."""
+        """Write the trace (values and results included) as one zip of JSON and .npy files. A trace
+        ``sv.load`` would refuse (ranks outside its world) is not written: the error says why."""
+        wrong = self.outside_world()
+        if wrong or (self.results and any(not 0 <= int(r) < self.world_size for r in self.results)):
+            what = next(iter(wrong.values()), f"results of ranks outside 0..{self.world_size - 1}")
+            raise TraceFileError(
+                f"{path} not written: {what}. sv.load refuses such a file, so it is not saved; the "
+                "trace was recorded in another world than the one it names (trace.check() lists each "
+                "such event)."
+            )
         w = trace_file.Writer()
-        results: dict[str, Any] | None = None
-        if self.results is not None:
-            results = {}
+        return trace_file.write(path, self._document(w), w.arrays)
+
+    def _document(self, w: trace_file.Writer, results: bool = True) -> dict[str, Any]:
+        """The trace as trace.json holds it, its arrays handed to ``w`` (a report embeds it,
+        without ``results``: what sv.diff's ranks returned is in the report's rows)."""
+        saved: dict[str, Any] | None = None
+        if self.results is not None and results:
+            saved = {}
             dropped = []
             for rank, value in self.results.items():
                 enc = trace_file.encode_result(value, w)
                 if enc is None:
                     dropped.append(f"rank {rank}: {type(value).__name__}")
                 else:
-                    results[str(rank)] = enc
+                    saved[str(rank)] = enc
             if dropped:
                 warnings.warn(
                     "trace.save: results that are neither tensors nor JSON values are not saved ("
                     + ", ".join(dropped)
                     + ")",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
         doc = {
             "world_size": self.world_size,
@@ -181,12 +233,12 @@ class Trace:
             "complete": self.complete,
             "meshes": self.meshes,
             "events": [w.event(e) for e in self.events],
-            "results": results,
+            "results": saved,
             "notes": list(self.notes),
             "meta": self.meta,
             "memory": self.memory.to_dict(w.array) if self.memory is not None else None,
         }
-        return trace_file.write(path, doc, w.arrays)
+        return doc
 
 
 def _results_eq(a: dict[int, Any] | None, b: dict[int, Any] | None) -> bool:

@@ -66,7 +66,7 @@ def test_bad_use_arguments(args, error, match):
 
 
 def test_local_rejects_options():
-    with pytest.raises(TypeError, match="takes one option, engine="):
+    with pytest.raises(TypeError, match="takes no options but check_capacity, engine"):
         sv.use("local", world_size=2, profile="x")
     with pytest.raises(ValueError, match="unknown simulator engine 'vectorised'"):
         sv.use("local", world_size=2, engine="vectorised")

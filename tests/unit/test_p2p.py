@@ -233,6 +233,27 @@ def test_recv_without_sender_raises():
 
 
 @pytest.mark.timeout(60)
+def test_a_recv_takes_the_same_elements_in_another_shape_and_refuses_another_count():
+    # Real ranks move bytes: a (1,) buffer receives a 0-dim tensor (torch 2.11/2.12's pipeline
+    # warm-up sends one), a (2, 3) buffer six elements sent flat. Another count is refused.
+    def fn(rank, sent_shape, buf_shape):
+        if rank == 0:
+            dist.send(torch.arange(float(np.prod(sent_shape))).reshape(sent_shape) + 1, 1)
+        elif rank == 1:
+            y = torch.zeros(buf_shape)
+            dist.recv(y, 0)
+            return y
+        return None
+
+    for sent, buf in (((), (1,)), ((6,), (2, 3))):
+        trace = sv.run(fn, sent, buf, threads=N)
+        want = torch.arange(float(np.prod(sent))).reshape(buf) + 1
+        assert torch.equal(trace.results[1], want), (sent, buf, trace.results[1])
+    with pytest.raises(P2PError, match=r"receive buffer is \(2,\) float32 but rank 0 sent \(3,\) float32"):
+        sv.run(fn, (3,), (2,), threads=N)
+
+
+@pytest.mark.timeout(60)
 def test_traces_are_deterministic():
     def fn(rank):
         return ring_blocking(rank)

@@ -109,6 +109,10 @@ def test_snapshot_is_not_the_programs_buffer():
     assert gather.outputs[0] is gather.outputs[2] and gather.outputs[1] is gather.outputs[3]
 
 
+# all_gather_single from torch 2.13; all_gather_tensor (deprecated since) dispatches the same op.
+all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
 def test_subgroup_call_and_value_policies():
     mesh = build((2, 2))
     tp = mesh.get_group(1)
@@ -116,7 +120,7 @@ def test_subgroup_call_and_value_policies():
     for policy, kept in (("all", True), ("none", False), (0, False)):
         with sv.record(values=policy) as trace:
             local = sv.per_rank(lambda r: src + 10 * r)
-            out = funcol.wait_tensor(funcol.all_gather_single(local, 0, tp))
+            out = funcol.wait_tensor(all_gather_single(local, 0, tp))
         gather = trace.collectives()[-1]
         assert gather.groups == ((0, 1), (2, 3))
         got = {r: v.clone() for r, v in _torch.local_tensors(out).items()}

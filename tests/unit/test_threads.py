@@ -4,6 +4,7 @@ simulator's trace of the same code (compared field by field)."""
 
 from __future__ import annotations
 
+import math
 import time
 import types
 
@@ -337,6 +338,26 @@ def test_send_recv_between_two_ranks():
     assert _np(send.inputs[0]).tolist() == [1.0, 2.0]
     assert _np(recv.inputs[0]).tolist() == [1.0, 2.0] and _np(recv.outputs[3]).tolist() == [1.0, 2.0]
     assert send.source.text == "dist.send(torch.tensor([1.0, 2.0]), dst=3)"
+
+
+@pytest.mark.timeout(60)
+def test_a_recv_takes_the_same_elements_in_another_shape_and_refuses_another_count():
+    # As real ranks, which move bytes: a 0-dim tensor into a (1,) buffer (torch 2.11/2.12's
+    # pipeline warm-up), six elements into a (2, 3) one; another count is refused.
+    def fn(sent_shape, buf_shape):
+        if dist.get_rank() == 0:
+            dist.send(torch.arange(float(math.prod(sent_shape))).reshape(sent_shape) + 1, dst=1)
+        elif dist.get_rank() == 1:
+            buf = torch.zeros(buf_shape)
+            dist.recv(buf, src=0)
+            return buf
+        return None
+
+    for sent, buf in (((), (1,)), ((6,), (2, 3))):
+        got = sv.run(fn, sent, buf).results[1]
+        assert torch.equal(got, torch.arange(float(math.prod(sent))).reshape(buf) + 1), (sent, buf, got)
+    with pytest.raises(Exception, match=r"receive buffer is float32\[2\] but rank 0 sent float32\[3\]"):
+        sv.run(fn, (3,), (2,))
 
 
 @pytest.mark.timeout(60)
@@ -827,3 +848,42 @@ def test_collectives_on_different_groups_at_one_step_are_named():
         "rank 0 waits for rank 1 in a collective over [0, 1, 2, 3], but rank 1 is in one over [0, 1]" in text
     )
     assert "different groups" in text
+
+
+@pytest.mark.timeout(180)
+def test_a_dtensor_op_in_a_new_thread_after_the_rank_threads_ended_does_not_crash():
+    # A CUDA build of torch without a GPU (PyPI's wheels; CI's older-torch tier) keeps the no-op
+    # CUDA guard that the first FakeTensorMode installs in that thread's storage: first entered in
+    # a rank thread, it died with it and the next FakeTensorMode crashed the process (torch 2.11).
+    import subprocess
+    import sys
+
+    code = """
+import threading, torch
+import shardviz as sv
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+sv.use("threads", world_size=2)
+
+def fn():
+    mesh = init_device_mesh("cpu", (2,))
+    dt = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+    return (dt * 2 + 1).full_tensor()
+
+trace = sv.run(fn)
+sv.use("local", world_size=2)  # the rank threads end
+
+def later():
+    with FakeTensorMode():
+        torch.empty(3) + 1
+
+t = threading.Thread(target=later)
+t.start()
+t.join()
+print("ok", torch.equal(trace.results[0], torch.arange(8.0).reshape(4, 2) * 2 + 1))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.strip() == "ok True"

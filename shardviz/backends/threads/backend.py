@@ -100,7 +100,7 @@ class ThreadsBackend:
             f = borrow.function(fn)
             return f(*borrow.value(args), **borrow.value(kwargs))
 
-        values_by_rank, trace = self._run(body, values)
+        values_by_rank, trace = self._run(body, values, "sv.run(fn)")
         trace.results = {
             r: swap_markers(split_per_rank(v, [r])[r], self._widgets)
             for r, v in sorted(values_by_rank.items())
@@ -133,7 +133,9 @@ class ThreadsBackend:
         def run_on(rank: int) -> Any:
             return run_compiled(body, last, self.namespaces[rank])
 
-        values_by_rank, _ = self._run(run_on, DEFAULT_VALUE_BUDGET if values is None else values)
+        values_by_rank, _ = self._run(
+            run_on, DEFAULT_VALUE_BUDGET if values is None else values, "a %%spmd cell"
+        )
         return cell_value(values_by_rank, self._widgets)
 
     def show(self, obj: Any, **options: Any) -> Any:
@@ -153,8 +155,9 @@ class ThreadsBackend:
 
     # --- a run -----------------------------------------------------------------------------------
 
-    def _run(self, body: Callable[[int], Any], values: str | int) -> tuple[dict[int, Any], Trace]:
-        """``body(rank)`` on every rank, recorded; (each rank's value, the merged trace)."""
+    def _run(self, body: Callable[[int], Any], values: str | int, what: str) -> tuple[dict[int, Any], Trace]:
+        """``body(rank)`` on every rank, recorded; (each rank's value, the merged trace). ``what``
+        runs (``sv.run(fn)``, a cell): the backend may not change meanwhile."""
         ValueBudget(values)
         share = (
             values // self.world_size if isinstance(values, int) and not isinstance(values, bool) else values
@@ -187,7 +190,7 @@ class ThreadsBackend:
             lambda *a: here().stage_ops(*a),
         )
         try:
-            with streams, hooks:
+            with session.running(what), streams, hooks:
                 results = self.pool.run(job)
         except BaseException as e:
             from ...capture.explain import explain_rank_error

@@ -25,6 +25,50 @@ class PlainTensorCollectiveError(ShardvizError, RuntimeError):
     """A collective under the simulation got only plain tensors: the fake group would skip it."""
 
 
+# The collectives whose members must pass tensors of one shape and dtype (a list all_gather may
+# gather uneven tensors, an all_to_all splits as each rank says, a scatter or gather has a root).
+_SAME_SHAPES = ("all_reduce", "reduce_scatter", "broadcast", "reduce")
+_SAME_SHAPES_IMPLS = (
+    "c10d._allgather_base_",
+    "c10d.allgather_into_tensor_coalesced_",
+    "_c10d_functional.all_gather_into_tensor",
+    "_c10d_functional.all_gather_into_tensor_out",
+    "_c10d_functional.all_gather_into_tensor_coalesced",
+)
+
+
+def mismatched_shapes(
+    spec: Spec, impl: str, inputs: list[Any], groups: tuple[tuple[int, ...], ...]
+) -> str | None:
+    """What differs between the members of a group (each rank's shapes and dtypes, in words) where
+    the collective needs them equal; None when they agree. LocalTensorMode would raise a bare size
+    mismatch, or (a broadcast from a smaller tensor, a functional all-gather) give a result no real
+    process group gives."""
+    if spec.op not in _SAME_SHAPES and impl not in _SAME_SHAPES_IMPLS:
+        return None
+    per_rank = [_torch.local_tensors(t) for t in inputs]
+    if not per_rank or any(p is None for p in per_rank):
+        return None
+
+    def dims(r: int) -> str:
+        parts = []
+        for p in per_rank:
+            t = p[r]  # type: ignore[index]
+            parts.append(f"{_torch.dtype_name(t.dtype)}[{', '.join(str(int(s)) for s in t.shape)}]")
+        return ", ".join(parts)
+
+    for g in groups:
+        members = [r for r in g if all(r in p for p in per_rank)]  # type: ignore[operator]
+        seen = {dims(r) for r in members}
+        if len(seen) > 1:
+            each = "; ".join(f"rank {r}: {dims(r)}" for r in members)
+            return (
+                f"the ranks of the group {list(g)} passed {spec.op} ({impl}) tensors of different "
+                f"shapes or dtypes: {each}"
+            )
+    return None
+
+
 def _emulate_gather(bound: dict[str, Any], groups: tuple[tuple[int, ...], ...]) -> Any:
     """c10d gather, which LocalTensorMode refuses as MPMD: the root's list receives each member's
     tensor. (In the simulator every rank passes the list: Python cannot branch on the rank.)"""

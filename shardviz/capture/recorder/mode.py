@@ -24,6 +24,7 @@ from ...errors import P2P_HELP, P2PError, PerRankValueError, ShardvizError
 from ...geometry import mesh as _mesh
 from .. import adapters
 from .. import torch as _torch
+from ..meetings import CollectiveMismatchError
 from . import c10d, caches, frames
 from . import redistribute as _redistribute
 from .snapshot import Snapshots, ValueBudget, flatten, nbytes, present_ranks, same_bits, tensors, written
@@ -414,6 +415,13 @@ class Recorder(_torch.DebugMode):
                 return self._dtensor_op(func, args, kwargs or {})
             if not types and self.rank is None and not self.passive and _has_per_rank_int(args, kwargs):
                 return self._per_rank_scalar(func, args, kwargs or {})
+            if (
+                kwargs
+                and kwargs.get("generator") is not None
+                and self.rank is None
+                and not self._in_dtensor_op
+            ):
+                return _torch.one_draw_per_rank(func, args, kwargs)
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
             return self._plain(func, args, kwargs or {})
@@ -562,15 +570,28 @@ class Recorder(_torch.DebugMode):
             if (
                 not self.passive
                 and spec.inputs
-                and spec.inputs != spec.outputs
+                and (spec.inputs != spec.outputs or not local)
                 and len(local) < len(ts)
                 and c10d.has_plain(in_arg)
             ):
                 # Read-only inputs made outside the simulation (a scatter list built from a plain
-                # tensor, say) hold the same value on every rank: give the collective that.
+                # tensor, say) hold the same value on every rank: give the collective that. An
+                # in-place one on plain tensors alone (a max of identical values: plain_is_fine)
+                # runs on such copies too: its result is its input, and the fake process group,
+                # which refuses collectives, is never reached.
                 in_arg = bound[spec.inputs] = c10d.lift(in_arg, ranks)
                 args, kwargs = (), bound
             groups = self._groups(gkey, group, ranks)
+            mismatch = c10d.mismatched_shapes(spec, impl, in_flat, groups) if not self.passive else None
+            if mismatch is not None:
+                self._slots.pop()
+                at = f", at line {source.line}: {source.text}" if source is not None and source.text else ""
+                raise CollectiveMismatchError(
+                    f"mismatched collective: {mismatch}{at}. On real process groups "
+                    "this would fail, hang or mix up data. Every rank of a group must pass the same "
+                    "shapes and dtypes to this collective (sv.per_rank(fn) returning a different shape "
+                    "on some rank is a usual cause)."
+                )
         else:
             ranks = [self.rank]
             groups = (

@@ -97,7 +97,7 @@ def premul_factor(op: Any) -> Any:
         if unbox is None:
             return _plain_factor(_called_factor())
         op = unbox(op)
-    return _plain_factor(op.factor)
+    return _plain_factor(_factor_of(op))
 
 
 def _plain_factor(factor: Any) -> Any:
@@ -144,11 +144,60 @@ def settled(t: Any) -> Any:
     return t
 
 
-def fake_work() -> Any:
-    """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates)."""
-    from torch._C._distributed_c10d import FakeWork
+# The operator namespaces of communication: c10d's ops, the functional collectives, DTensor's own.
+COMMUNICATION_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem")
 
-    return dist.distributed_c10d.Work.boxed(FakeWork())
+
+def is_communication_op(func: Any) -> bool:
+    """Whether a dispatched operator communicates (a collective, a send, a wait on one)."""
+    return getattr(func, "namespace", None) in COMMUNICATION_NAMESPACES
+
+
+def fake_work(result: list[torch.Tensor] | None = None) -> Any:
+    """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates).
+    With ``result``, its ``get_future()`` holds those tensors, as a real process group's future
+    holds the op's outputs (DDP's reducer reads its bucket back from it); without, it holds None."""
+    if result is None:
+        from torch._C._distributed_c10d import FakeWork
+
+        return dist.distributed_c10d.Work.boxed(FakeWork())
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+    future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    future.set_result(result)
+    return dist.distributed_c10d.Work.boxed(_create_work_from_future(future))
+
+
+# torch 2.11 and 2.12: a PREMUL_SUM ReduceOp does not expose its factor (``op.factor``, 2.13 on).
+# The ones made by ``dist._make_nccl_premul_sum`` while the simulation runs are remembered here
+# with their factor (the op itself kept, so that its id is not reused; the last few only).
+_made_premul: dict[int, tuple[Any, Any]] = {}
+
+
+def _remembering_premul(original: Any) -> Any:
+    @functools.wraps(original)
+    def make(factor: Any) -> Any:
+        op = original(factor)
+        _made_premul[id(op)] = (op, factor)
+        while len(_made_premul) > 64:
+            del _made_premul[next(iter(_made_premul))]
+        return op
+
+    return make
+
+
+def _factor_of(op: Any) -> Any:
+    if hasattr(op, "factor"):
+        return op.factor
+    made = _made_premul.get(id(op))
+    if made is not None and made[0] is op:
+        return made[1]
+    raise NotImplementedError(
+        f"a ReduceOp.PREMUL_SUM not made by dist._make_nccl_premul_sum reached the simulation: on "
+        f"this torch ({torch.__version__}; torch 2.13 has ReduceOp.factor) its factor cannot be "
+        "read. Use ReduceOp.SUM and scale the result, or run on real process groups: "
+        "sv.use('gloo', world_size=N)."
+    )
 
 
 def _following_premul(name: str, original: Any) -> Any:
@@ -160,7 +209,7 @@ def _following_premul(name: str, original: Any) -> Any:
         if getattr(op, "op", None) != dist.ReduceOp.PREMUL_SUM:  # a RedOpType has no .op
             return original(*args, **kwargs)
         factors = _premul_factors()
-        factors.append(op.factor)
+        factors.append(_factor_of(op))
         try:
             return original(*args, **kwargs)
         finally:
@@ -181,6 +230,9 @@ def premul_sum_factors() -> Iterator[None]:
     saved = {name: getattr(dist, name) for name in _REDUCE_OP_ARG if hasattr(dist, name)}
     for name, original in saved.items():
         setattr(dist, name, _following_premul(name, original))
+    make_premul = dist._make_nccl_premul_sum
+    if not hasattr(make_premul(1.0), "factor"):
+        dist._make_nccl_premul_sum = _remembering_premul(make_premul)
     c10d_module = importlib.import_module("torch.distributed._local_tensor._c10d")
     local_reduce = getattr(c10d_module, "_local_reduce")  # noqa: B009 (private: not in the stubs)
 
@@ -199,6 +251,7 @@ def premul_sum_factors() -> Iterator[None]:
         yield
     finally:
         setattr(c10d_module, "_local_reduce", local_reduce)  # noqa: B010
+        dist._make_nccl_premul_sum = make_premul
         for name, original in saved.items():
             setattr(dist, name, original)
 
@@ -232,3 +285,104 @@ def p2p_groups(group: Any) -> list[tuple[int, ...]]:
     found = lt_c10d._prepare_collective_groups(group)
     ranks, offsets = found[0], found[1]
     return [tuple(int(o) + int(r) for r in ranks) for o in offsets]
+
+
+# --- the lockstep simulator's fake process groups, outside the simulation ----------------------
+
+# LocalTensorMode carries out every collective inside the simulation itself; one that reaches the
+# fake process group ran outside it, where the fake group would leave its tensors as they are: the
+# value of a world of one, which no real world of N ranks gives. With ``error_on_collective`` the
+# group raises instead (torch's own message, which names neither the simulation nor the way out).
+OUTSIDE_SIMULATION_ERROR = "FakeProcessGroup collective operation error"
+
+
+def _fake_options() -> Any:
+    """Options for a fake process group whose collectives raise; None on a torch without them."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    options_type = getattr(FakeProcessGroup, "Options", None)
+    if options_type is None or not hasattr(options_type(), "error_on_collective"):
+        return None
+    options = options_type()
+    options.error_on_collective = True
+    return options
+
+
+class _Guard:
+    """The fake backend's creator made to refuse collectives, and c10d's error log made to explain
+    that refusal, while the lockstep simulator owns the default process group."""
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+        self.plugin: Any = None
+        self.logger: Any = None
+
+    def creator(self, common: Any, options: Any) -> Any:
+        # a mesh's sub-groups (new_group) are made with no options, and would do nothing
+        guarded = _fake_options()
+        if guarded is not None:
+            if options is not None:
+                for name in ("group_name", "global_ranks_in_group", "_timeout"):
+                    with contextlib.suppress(AttributeError, TypeError):
+                        setattr(guarded, name, getattr(options, name))
+            options = guarded
+        return self.plugin.creator_fn(common, options)
+
+    def filter(self, record: Any) -> bool:
+        """c10d logs every ``dist.*`` call that raised from inside its ``except`` block: the error is
+        the one being handled, and this adds the explanation to it."""
+        import sys
+
+        error = sys.exc_info()[1]
+        if (
+            error is not None
+            and OUTSIDE_SIMULATION_ERROR in str(error)
+            and self.note not in getattr(error, "__notes__", ())
+        ):
+            error.add_note(self.note)
+        return True
+
+
+_guard: _Guard | None = None
+
+
+def simulation_world_options() -> Any:
+    """``pg_options`` for the simulator's default process group: its collectives raise when they
+    run outside the simulation (None on a torch whose fake group cannot)."""
+    return _fake_options()
+
+
+def guard_fake_groups(note: str) -> None:
+    """From now until ``unguard_fake_groups``: every fake process group made (a mesh's sub-groups)
+    refuses collectives, and the error of one refused through ``torch.distributed`` carries ``note``."""
+    global _guard
+    if _guard is not None:
+        _guard.note = note
+        return
+    if _fake_options() is None:
+        return
+    importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
+    plugin = dist.Backend._plugins.get("FAKE")
+    if plugin is None:
+        return
+    guard = _Guard(note)
+    guard.plugin = plugin
+    dist.Backend._plugins["FAKE"] = plugin._replace(creator_fn=guard.creator)
+    from torch.distributed import c10d_logger
+
+    guard.logger = getattr(c10d_logger, "_c10d_logger", None)
+    if guard.logger is not None:
+        guard.logger.addFilter(guard.filter)
+    _guard = guard
+
+
+def unguard_fake_groups() -> None:
+    global _guard
+    guard, _guard = _guard, None
+    if guard is None:
+        return
+    current = dist.Backend._plugins.get("FAKE")
+    if current is not None and current.creator_fn == guard.creator:
+        dist.Backend._plugins["FAKE"] = guard.plugin
+    if guard.logger is not None:
+        guard.logger.removeFilter(guard.filter)

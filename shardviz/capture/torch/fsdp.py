@@ -160,7 +160,7 @@ def _refused_pre_forward(original: Any) -> Any:
     def pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _depth == 0 and any(
             isinstance(getattr(p, "_sharded_param_data", None), LocalTensor)
-            for group in getattr(self, "_fsdp_param_groups", ())
+            for group in _param_groups(self)
             for p in getattr(group, "fsdp_params", ())
         ):
             raise BackendError(_OUTSIDE)
@@ -168,6 +168,16 @@ def _refused_pre_forward(original: Any) -> Any:
 
     # torch's own hook is never traced by Dynamo (compiled blocks under FSDP2); nor is this check.
     return torch.compiler.disable(pre_forward)
+
+
+def _param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups: a list from torch 2.13 (``_fsdp_param_groups``), one
+    group or None before (``_fsdp_param_group``)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    one = getattr(state, "_fsdp_param_group", None)
+    return [one] if one is not None else []
 
 
 def _original(f: Any) -> Any:

@@ -11,20 +11,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-MIN_TORCH = (2, 13)
+MIN_TORCH = (2, 11)
 TESTED_UP_TO = (2, 15)  # `make test-compat` runs the suite on this one
 
 _private: dict[str, Any] = {}
 
-# (module, attribute) pairs shardviz relies on; checked together at import time.
-_REQUIRED = {
+# (module, attribute) pairs shardviz relies on; checked together at import time. A list holds the
+# places one API has had across the supported releases, newest first.
+_REQUIRED: dict[str, tuple[str, str | None] | list[tuple[str, str | None]]] = {
     "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor"),
     "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode"),
     "LocalIntNode": ("torch.distributed._local_tensor", "LocalIntNode"),
+    "ConstantIntNode": ("torch.fx.experimental._constant_symnode", "ConstantIntNode"),
     "local_tensor_mode": ("torch.distributed._local_tensor", "local_tensor_mode"),
     "StridedShard": ("torch.distributed.tensor.placement_types", "_StridedShard"),
     "DebugMode": ("torch.utils._debug_mode", "DebugMode"),
-    "debug_mode_module": ("torch.utils._debug_mode._mode", None),
+    # DebugMode's module (its active-mode counter): a package from 2.13, one file before
+    "debug_mode_module": [("torch.utils._debug_mode._mode", None), ("torch.utils._debug_mode", None)],
     "TorchDispatchMode": ("torch.utils._python_dispatch", "TorchDispatchMode"),
     "disable_current_modes": ("torch.utils._python_dispatch", "_disable_current_modes"),
     "dispatch_mode_stack": ("torch.utils._python_dispatch", "_get_current_dispatch_mode_stack"),
@@ -52,12 +55,17 @@ def _load() -> None:
             f"{torch.__version__}. Install it with: pip install 'torch=={MIN_TORCH[0]}.{MIN_TORCH[1]}.0'"
         )
     missing = []
-    for key, (mod_name, attr) in _REQUIRED.items():
-        try:
-            mod = importlib.import_module(mod_name)
-            _private[key] = mod if attr is None else getattr(mod, attr)
-        except (ImportError, AttributeError) as e:
-            missing.append(f"{mod_name}{'.' + attr if attr else ''} ({type(e).__name__})")
+    for key, places in _REQUIRED.items():
+        tried = []
+        for mod_name, attr in places if isinstance(places, list) else [places]:
+            try:
+                mod = importlib.import_module(mod_name)
+                _private[key] = mod if attr is None else getattr(mod, attr)
+                break
+            except (ImportError, AttributeError) as e:
+                tried.append(f"{mod_name}{'.' + attr if attr else ''} ({type(e).__name__})")
+        else:
+            missing.append(" or ".join(tried))
     if missing:
         raise TorchVersionError(
             f"torch {torch.__version__} moved or removed private APIs shardviz relies on: "
@@ -73,6 +81,7 @@ _load()
 LocalTensor = _private["LocalTensor"]
 LocalTensorMode = _private["LocalTensorMode"]
 LocalIntNode = _private["LocalIntNode"]
+ConstantIntNode = _private["ConstantIntNode"]
 StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
 if TYPE_CHECKING:  # the class itself, for type checking: P2PMode and the Recorder derive from it
@@ -87,3 +96,17 @@ else:
 # - 2.14 keyed LocalTensorMode's mesh-coordinate cache by (ndim, rank map, layout) instead of
 #   ``id(mesh)`` (see ``reuse_local_mode``).
 GET_RANK_PER_RANK = "get_rank" in getattr(_private["local_tensor_module"], "_PATCHED_DIST_FUNCTIONS", ())
+
+
+def strided_split_factor(p: Any) -> int:
+    """A ``_StridedShard``'s split factor as an int: a method from 2.13 (the attribute may hold a
+    symbolic value there), a plain attribute before."""
+    read = getattr(p, "_split_factor_int", None)
+    return int(read()) if read is not None else int(p.split_factor)
+
+
+# torch.compile under the simulation: from 2.13 LocalTensorMode tells Dynamo to compile through it
+# (``ignore_compile_internals``); on 2.11 and 2.12 Dynamo skips every frame while it is active,
+# so compiled functions and modules run eagerly, uncompiled (right values, every op recorded at
+# its own line; nothing about the compiled code is learnt there).
+COMPILES_IN_SIMULATION = bool(LocalTensorMode.ignore_compile_internals())

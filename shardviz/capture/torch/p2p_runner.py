@@ -7,6 +7,7 @@ import collections
 import contextlib
 import dataclasses
 import threading
+import time
 from typing import Any
 
 import torch
@@ -14,9 +15,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from .. import stopping
 from .c10d import fake_work, p2p_groups, process_group_desc
 from .gate import LocalTensor, TorchDispatchMode, _private
 from .modes import new_local_mode, no_dispatch
+from .rank_threads import settle_cuda_guard
 from .tensors import dtype_name
 
 # Torch's own send/recv under LocalTensorMode (``local_p2p_op``) maps ranks wrongly on groups other
@@ -31,6 +34,40 @@ class P2PStuck(RuntimeError):
 
 class P2PAborted(RuntimeError):
     """This thread stopped because another thread of the run failed first."""
+
+
+class _Stopped(BaseException):
+    """Raised in a runner thread at its next line of Python (or in its sleep) on Ctrl-C: a
+    BaseException, so that the user's ``except Exception`` does not swallow it."""
+
+
+STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the runner threads to stop
+SETTLE_WAIT = 3.0  # seconds a run waits for the threads a stopped run left in an uninterruptible call
+
+# Runs stopped by Ctrl-C whose threads were still in a call Python cannot interrupt: (those threads,
+# each one's thread index, where they were, LocalTensorMode's process-mode flag to put back once
+# they end). Until then the flag stays off, so that every thread keeps its own list of active
+# modes: a straggler leaving its mode touches only its own, never the notebook's.
+_stopped_runs: list[tuple[dict[int, Any], dict[int, str], bool]] = []
+
+
+def _settle_stopped_runs(wait: float) -> None:
+    from ...errors import BackendError
+
+    deadline = time.monotonic() + wait
+    for entry in list(_stopped_runs):
+        threads, where, process_mode = entry
+        stopping.wait_ended(threads.values(), deadline)
+        alive = [t for t, th in threads.items() if th.is_alive()]
+        if alive:
+            raise BackendError(
+                "a run of sv.run(fn, threads=N) stopped by Ctrl-C left "
+                + "; ".join(f"thread {t} {where.get(t, 'running')}" for t in alive)
+                + " in a call Python cannot interrupt, and a new threaded run cannot start until it "
+                "ends: wait for it (or restart the kernel)"
+            )
+        _stopped_runs.remove(entry)
+        _private["local_tensor_module"]._PROCESS_MODE = process_mode
 
 
 @dataclasses.dataclass(eq=False)
@@ -107,6 +144,13 @@ class ThreadedP2P:
         self.interrupted: BaseException | None = None  # what stopped the calling thread (Ctrl-C)
         self.turn: int | None = 0  # the thread that runs now (one at a time, in a fixed order)
         self.results: dict[int, Any] = {}
+        self.error_thread: int | None = None  # the thread whose error ended the run
+        self.idents: dict[int, int] = {}  # thread index -> its thread's id
+        self.left_running: list[int] = []  # threads still running when a Ctrl-C stopped waiting
+        self.positions: dict[int, str] = {}  # where each thread was when the run was stopped
+        self._stop = stopping.Stop(_Stopped)
+        self._stop_lock = threading.Lock()
+        self._done: set[int] = set()  # threads past their body: no stop may be raised in them
         self._runner: Any = None
         self._local = threading.local()
 
@@ -114,22 +158,35 @@ class ThreadedP2P:
     def thread(self) -> int:
         return int(self._local.thread)
 
+    def live_ranks(self) -> frozenset[int] | None:
+        """The ranks the calling runner thread stands for (None outside a runner thread)."""
+        t = getattr(self._local, "thread", None)
+        return self.live[t] if t is not None else None
+
     def run(self, fn: Any, setup: Any = None) -> dict[int, Any]:
         """``setup(thread)``, if given, is a context manager entered inside the thread's
         LocalTensorMode and under the P2P mode (a recorder goes there)."""
         from torch.distributed._local_tensor import LocalRunnerMode
 
+        _settle_stopped_runs(SETTLE_WAIT)
         saved = _patched_globals()
         dist.distributed_c10d._check_not_self_rank = lambda *a, **k: None  # the fake PG is rank 0
         cond_box: list[Any] = []
 
         def main(t: int) -> None:
+            self.idents[t] = threading.get_ident()
+            stopping.enrol(self._stop)
             try:
-                body(t)
-            except BaseException as e:
-                if self.error is None and not isinstance(e, P2PAborted):
-                    self.error = e
-                cond_box[0].notify_all()
+                try:
+                    body(t)
+                except BaseException as e:
+                    self._note_error(e, t)
+                    cond_box[0].notify_all()
+            finally:
+                stopping.leave()
+                with self._stop_lock:  # no stop is raised in this thread after this
+                    self._done.add(t)
+                    stopping.clear_pending(threading.get_ident())
 
         def body(t: int) -> None:
             self._local.thread = t
@@ -142,8 +199,7 @@ class ThreadedP2P:
                         with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
                             self.results[t] = fn(t)
                     except BaseException as e:
-                        if self.error is None and not isinstance(e, P2PAborted):
-                            self.error = e
+                        self._note_error(e, t)
                         raise
                     finally:
                         # Keep this thread's mode (and the globals it patched) until all are done.
@@ -170,38 +226,71 @@ class ThreadedP2P:
 
         ltm_mod = _private["local_tensor_module"]
         process_mode = getattr(ltm_mod, "_PROCESS_MODE", True)
+        settle_cuda_guard()
         runner = LocalRunnerMode(self.world_size, self.threads, main)
         cond_box.append(runner._run_cond)
         self._runner = runner
         try:
             try:
-                runner.__enter__()  # starts the threads
-                self._join(runner)
+                with stopping.stoppable_sleeps():
+                    runner.__enter__()  # starts the threads
+                    self._join(runner)
             except BaseException as e:
-                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run:
-                # they stop at their next operator or wait, and are joined before the globals they
-                # run under are reset, so that a later run starts clean.
+                # Ctrl-C (a KeyboardInterrupt here, in the calling thread) while the runners run, or
+                # a thread the OS refused to start: they stop at their next line of Python (a sleep
+                # at once), and are joined before the globals they run under are reset, so that a
+                # later run starts clean. One in a call Python cannot interrupt is named instead.
                 self.interrupted = e
-                self._join(runner)
+                self._stop_runners(runner)
                 raise
         finally:
             # Not LocalRunnerMode.__exit__: it re-raises the first thread's error before resetting
             # its globals and leaves the other threads unjoined.
             if getattr(ltm_mod, "_LOCAL_RUNNER_MODE", None) is runner:
                 ltm_mod._LOCAL_RUNNER_MODE = None
-            ltm_mod._PROCESS_MODE = process_mode
+            alive = {t: th for t, th in enumerate(runner._runners) if th.is_alive()}
+            if alive:
+                _stopped_runs.append((alive, {t: self.positions.get(t, "") for t in alive}, process_mode))
+            else:
+                ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)
         if self.error is not None:
             raise self.error
         return self.results
 
+    def where(self, t: int) -> str:
+        """What thread ``t`` is doing now, for messages."""
+        if t in self.finished:
+            return "finished"
+        if t in self.waiting:
+            return f"waiting for {self.waiting[t][1]}{self.describe(t)}"
+        if t not in self.idents:
+            return "had not started"
+        return f"running{self.describe(t)}"
+
+    def _note_error(self, error: BaseException, thread: int) -> None:
+        if self.error is None and not isinstance(error, P2PAborted | _Stopped):
+            self.error, self.error_thread = error, thread
+
     @staticmethod
-    def _join(runner: Any) -> None:
+    def _join(runner: Any, deadline: float | None = None) -> None:
         """Wait for every runner thread that was started (a KeyboardInterrupt can come while
-        ``LocalRunnerMode`` starts them)."""
-        for thread in runner._runners:
-            if thread.ident is not None:
-                threading.Thread.join(thread)
+        ``LocalRunnerMode`` starts them), until ``deadline`` (``time.monotonic()``) if given."""
+        stopping.wait_ended(runner._runners, deadline)
+
+    def _stop_runners(self, runner: Any) -> None:
+        """The thread that runs stops at its next line of Python (a sleep at once); the others,
+        waiting for their turn, see ``interrupted`` within half a second."""
+        self.positions = {t: self.where(t) for t in range(self.threads)}
+        self._stop.set()
+        with self._stop_lock:
+            running = self.turn
+            ident = self.idents.get(running) if running is not None else None
+            if ident is not None and running not in self._done:
+                stopping.raise_in(ident, _Stopped)
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+            self._join(runner, time.monotonic() + STOP_WAIT)
+        self.left_running = [t for t, th in enumerate(runner._runners) if th.is_alive()]
 
     def check_stop(self) -> None:
         """Raise ``P2PAborted`` in a runner thread once another thread failed or the run was
@@ -336,20 +425,22 @@ class P2PMode(TorchDispatchMode):
                 msg = q.popleft()
                 with no_dispatch(), torch.no_grad():
                     buf = tensor._local_tensors[d] if isinstance(tensor, LocalTensor) else tensor
-                    if tuple(buf.shape) != tuple(msg.value.shape) or buf.dtype != msg.value.dtype:
+                    if buf.numel() != msg.value.numel() or buf.dtype != msg.value.dtype:
                         raise P2PGroupError(
                             f"recv on rank {d} from rank {s}: the receive buffer is "
                             f"{tuple(buf.shape)} {dtype_name(buf.dtype)} but rank {s} sent "
-                            f"{tuple(msg.value.shape)} {dtype_name(msg.value.dtype)}; "
-                            "they must match, as on real ranks"
+                            f"{tuple(msg.value.shape)} {dtype_name(msg.value.dtype)}; real ranks "
+                            "need the same number of elements of the same dtype"
                         )
-                    buf.copy_(msg.value)
+                    # Real ranks move the bytes: a (1,) buffer receives a 0-dim tensor (the
+                    # warm-up of torch 2.11/2.12's pipeline schedules sends one).
+                    buf.copy_(msg.value.reshape(buf.shape))
                     if isinstance(tensor, LocalTensor):
                         # The group's other ranks are simulated by other threads; here they mirror
                         # the receiver, so rank-independent code (a received size) stays consistent.
                         for r in g:
                             if r != d and r in tensor._local_tensors:
-                                tensor._local_tensors[r].copy_(msg.value)
+                                tensor._local_tensors[r].copy_(msg.value.reshape(buf.shape))
                 got.append(msg)
             sim.on_recv(self.thread, got, id(tensor))
             done[0] = True
