@@ -153,6 +153,8 @@ def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")
     b = choose.current()
     assert b.engine == "batched" and "engine='batched'" in repr(b)
-    assert choose.current().restart().engine == "batched"
+    again = b.restart()
+    session.install(again)
+    assert again.engine == "batched"
     sv.use("local", world_size=2, engine="lockstep")
     assert choose.current().engine == "lockstep"
