@@ -29,11 +29,15 @@ PHYSICSNEMO ?= nvidia-physicsnemo==2.2.2 s3fs==2026.9.0 aiobotocore==3.10.0 boto
 	jmespath==1.1.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
 	multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 wrapt==2.5.2 aioitertools==0.13.0
 PYTEST_ARGS ?=
+# The documentation site: built into $(DOCS_OUT)/html; `make docs-serve` serves it on
+# 127.0.0.1:$(DOCS_PORT) and rebuilds it when a page changes.
+DOCS_OUT  ?= build/docs
+DOCS_PORT ?= 8000
 NODE_STAMP := node_modules/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo frameworks test test-unit test-compat test-old gpu-wheels lint bench notebooks clean
+.PHONY: setup demo frameworks test test-unit test-compat test-old gpu-wheels lint bench notebooks docs docs-serve clean
 
 setup: $(VENV)/.installed
 
@@ -46,7 +50,9 @@ define install_torch
 		|| $(BIN)/python -m pip install --progress-bar off "$(TORCH)"
 endef
 
-# Everything `make test` needs; it holds what the demo needs too.
+# Everything `make test` needs; it holds what the demo needs too. The `test` extra brings
+# transformers and accelerate (the `hf` extra, pinned) with their dependencies: none of them
+# replaces torch, so they need no --no-deps.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(install_torch)
 	$(BIN)/python -m pip install --progress-bar off -e ".[test]"
@@ -141,6 +147,13 @@ $(NODE_STAMP): package.json package-lock.json
 
 notebooks: setup
 	$(BIN)/python notebooks/execute.py
+
+# The documentation site (docs/README.md), offline, warnings as errors; `make test` builds it too.
+docs: setup
+	$(BIN)/python docs/build_site.py --out $(DOCS_OUT)
+
+docs-serve: setup
+	$(BIN)/python docs/serve_site.py --port $(DOCS_PORT) --out $(DOCS_OUT)
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

@@ -23,6 +23,8 @@ from .data.load import load_path as _load_path
 from .data.memory import MemoryTimeline
 from .data.model import ModelMap
 from .data.numerics import NumericsReport, StepNumerics, Tolerance
+from .data.numerics.report_file import is_report as _is_report
+from .data.numerics.report_file import load_report as _load_report
 from .data.pipeline import Timeline
 from .data.pipeline import timeline as pipeline_timeline
 from .data.plan import plan
@@ -90,7 +92,7 @@ def load(
     max_file_bytes: int | str | None = None,
     max_json_bytes: int | str | None = None,
     max_world_size: int | None = None,
-) -> Trace:
+) -> Trace | NumericsReport:
     """Open a trace: a file written by ``trace.save(path)``; a folder of per-rank files written by
     ``sv.record_job`` (merged into one trace; when ranks died, hung or diverged, the events they
     share, with ``trace.notes`` saying which rank stopped where); or PyTorch Flight Recorder dumps
@@ -102,8 +104,11 @@ def load(
 
     A file may come from a stranger: a bad one raises ``TraceFileError`` naming the field, and
     what loading may cost is capped (``max_*``: bytes, or sizes such as ``"8GiB"``; defaults in
-    ``shardviz.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
+    ``shardviz.data.limits``, or ``$SHARDVIZ_MAX_MEMBER_BYTES`` and the like). A Flight Recorder stack's
     source line is read only from files under ``source_root`` (a folder you name; never outside it).
+
+    A file written by ``report.save(path)`` (an ``sv.diff`` report) comes back as the
+    ``NumericsReport``, equal to the one saved, read with the same bounds and checks.
     """
     limits = _resolve(
         max_member_bytes=max_member_bytes,
@@ -111,6 +116,8 @@ def load(
         max_json_bytes=max_json_bytes,
         max_world_size=max_world_size,
     )
+    if _is_report(path):
+        return _load_report(path, limits=limits, tensor=_from_values)
     return _load_path(
         path,
         allow_pickle=allow_pickle,
@@ -164,7 +171,9 @@ def layout(
             raise TypeError(
                 "sv.layout(dtensor) reads the mesh and placements from the DTensor; pass only the DTensor"
             )
-        return _compute_layout(**_torch.dtensor_geometry(obj))
+        from .capture.layouts import held_layout
+
+        return held_layout(obj)
     adapter = adapters.for_object(obj)
     if adapter is not None:
         if mesh_shape is not None or placements is not None or mesh_dim_names is not None:

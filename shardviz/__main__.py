@@ -60,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the notes are printed with the trace
             trace = sv.load(args.path, allow_pickle=args.allow_pickle, source_root=args.source_root, **caps)
+        if isinstance(trace, sv.NumericsReport):  # a saved sv.diff report
+            if args.command == "summary":
+                print(trace)
+                return 0
+            print(f"shardviz: writing {args.out} ({len(trace.rows)} rows)", file=sys.stderr)
+            print(sv.export_html(trace, args.out))
+            return 0
         if args.command == "summary":
             text = f"{trace}\n\n{trace.summary(args.link)}"
             wrong = trace.check()

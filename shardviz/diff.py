@@ -12,10 +12,13 @@ redistributes just before the first difference.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from .backends.choose import current
@@ -34,6 +37,8 @@ from .data.numerics import (
     check_tolerance,
     compare,
     merge_raw,
+    precision,
+    rounding_errors,
 )
 from .data.trace import DEFAULT_VALUE_BUDGET, Trace
 from .errors import BackendError
@@ -63,19 +68,18 @@ def numerics(
     Options: see :func:`diff`.
     """
     _check_common(model, inputs, loss, optimizer, tolerance, modules, budget)
+    if not isinstance(inputs, PerRankInputs):
+        inputs = PerRankInputs.of(inputs, current().world_size) or inputs
     if parallelize is None:
         _outside_simulation("sv.numerics")
-        raw = numerics_capture.run_step(
-            copy.deepcopy(model),
-            inputs,
-            loss=loss,
-            optimizer=optimizer,
-            budget=budget,
-            backward=backward,
-            modules=modules,
-            seed=seed,
+        if isinstance(inputs, PerRankInputs):
+            inputs = inputs.whole
+        opts: dict[str, Any] = dict(
+            loss=loss, optimizer=optimizer, budget=budget, backward=backward, modules=modules, seed=seed
         )
-        return build_run("plain torch", raw, tolerance=tolerance)
+        raw = numerics_capture.run_step(copy.deepcopy(model), inputs, **opts)
+        run = build_run("plain torch", raw, tolerance=tolerance)
+        return _with_rounding(run, model, inputs, opts)
     if not callable(parallelize):
         raise TypeError(
             f"sv.numerics: parallelize must be a function that takes the model and returns it parallelized, "
@@ -84,7 +88,7 @@ def numerics(
     if reference is None:
         reference = numerics(
             model,
-            inputs,
+            inputs.whole if isinstance(inputs, PerRankInputs) else inputs,
             loss=loss,
             optimizer=optimizer,
             modules=modules,
@@ -145,16 +149,24 @@ def diff(
     against them); the other side is then the reference. ``sv.diff(a, b)`` compares two
     ``sv.numerics`` runs.
 
-    Options: ``loss`` (default: the output's mean), ``optimizer`` (a function of the parameters;
-    default SGD with lr 0.01; False: no step), ``tolerance`` (by dtype: float32 rtol 1e-5 and atol
-    1e-5 of the tensor's largest value, bfloat16 1e-2, ...; a number, a (rtol, atol) pair or a dict
-    by dtype name overrides), ``modules`` (capture only these module paths and their children),
+    ``inputs`` may differ per rank (data parallel written by hand): a function of the rank, or
+    ``sv.per_rank`` values; the reference then runs the whole batch, the distinct parts in rank
+    order along dim 0, and a loss each rank computes over its own rows is recognised.
+
+    Options: ``loss`` (default: the output's mean; a model whose output holds no floating-point
+    tensor is compared forward only), ``optimizer`` (a function of the parameters; default SGD
+    with lr 0.01; False: no step), ``tolerance`` (by default built per row: the rule of its dtype
+    of computation — float32 rtol 1e-5 and atol 1e-5 of the magnitude of what produced it,
+    bfloat16 1e-2, ... — plus 4x the reference's own rounding measured in float64 below float32;
+    a number, a (rtol, atol) pair or a dict by dtype name replaces it), ``modules`` (capture only
+    these module paths and their children),
     ``backward=False`` (no full backward hooks: for models that write their outputs in place),
     ``budget`` (bytes of captured values, every rank's; default 256 MiB; past it a
     ``NumericsBudgetError`` says what to do), ``seed`` (``torch.manual_seed`` before each run),
     ``values`` (the parallel run's trace value policy), ``context`` (events kept per row).
 
-    The inputs are the same on every rank. The model must be deterministic (no dropout).
+    The model must be deterministic (no dropout). ``report.save(path)`` keeps the report;
+    ``sv.load(path)`` reads it back.
     """
     if isinstance(reference, StepNumerics) or isinstance(parallel, StepNumerics):
         if not (isinstance(reference, StepNumerics) and isinstance(parallel, StepNumerics)):
@@ -186,7 +198,12 @@ def diff(
         loss=loss, optimizer=optimizer, modules=modules, backward=backward, budget=budget, seed=seed
     )
     _check_common(reference, inputs, loss, optimizer, tolerance, modules, budget)
-    plain = numerics(reference, inputs, **opts)
+    ranks = PerRankInputs.of(inputs, current().world_size)
+    if ranks is not None:
+        plain = numerics(reference, ranks.whole, **opts)
+        inputs = ranks
+    else:
+        plain = numerics(reference, inputs, **opts)
     base = plain
     if against == "simulator":
         base = _in_simulator(reference, inputs, parallel, plain, opts, values, tolerance)
@@ -195,7 +212,30 @@ def diff(
             reference, inputs, against, tolerance=tolerance, values=values, reference=plain, **opts
         )
     par = numerics(reference, inputs, parallel, tolerance=tolerance, values=values, reference=plain, **opts)
+    if base is not plain:  # two parallel runs: each rounds as the plain reference does
+        base = dataclasses.replace(base, rounding=plain.rounding)
     return compare(base, par, tolerance, context=context)
+
+
+def _with_rounding(run: StepNumerics, model: nn.Module, inputs: Any, opts: dict[str, Any]) -> StepNumerics:
+    """A plain run computed in a dtype below float32, with each row's own rounding error: the same
+    step again in float64, compared row by row. That error is what rounding left after every
+    operator before the row, which no rule on the row alone can know; the parallel run rounds as
+    often, in another order, and may differ from the reference by as much."""
+    if not any((precision(e.dtype) or 99) < 23 for e in run.entries.values()):
+        return run
+    try:
+        raw = numerics_capture.run_step(
+            copy.deepcopy(model).double(), numerics_capture.to_float64(inputs), **opts
+        )
+        exact = build_run("plain torch, float64", raw)
+    except Exception as e:  # a model that runs only in its own dtype: the dtype rule alone
+        note = (
+            f"the reference could not be repeated in float64 to measure its rounding ({type(e).__name__}: "
+            f"{e}); tolerances follow the dtypes alone"
+        )
+        return dataclasses.replace(run, notes=(*run.notes, note))
+    return dataclasses.replace(run, rounding=rounding_errors(run, exact))
 
 
 def _in_simulator(
@@ -248,7 +288,7 @@ def _parallel_step(
     def step() -> Any:
         return numerics_capture.run_step(
             twin,
-            inputs,
+            inputs.mine() if isinstance(inputs, PerRankInputs) else inputs,
             parallelize=parallelize,
             loss=loss,
             optimizer=optimizer,
@@ -268,6 +308,110 @@ def _parallel_step(
             f"sv.diff: the ranks returned no capture ({sorted(results)}); this is a shardviz bug"
         )
     return merge_raw(raws), trace
+
+
+@dataclass(frozen=True)
+class PerRankInputs:
+    """Inputs that differ per rank (each rank's part of the batch): ``by_rank[r]`` is rank r's
+    inputs (a tensor, a tuple or list of them, or a dict), ``whole`` the whole batch the reference
+    runs on: each tensor's distinct per-rank values, in rank order, concatenated along dim 0
+    (ranks holding the same value, as the tensor-parallel ranks of one data-parallel group do,
+    count once)."""
+
+    by_rank: tuple[Any, ...]
+    whole: Any
+
+    @staticmethod
+    def of(inputs: Any, world: int) -> PerRankInputs | None:
+        """``inputs`` as per-rank inputs, or None when they are the same on every rank: a function
+        of the rank, or a structure holding per-rank tensors (``sv.per_rank(...)``)."""
+        if callable(inputs) and not isinstance(inputs, torch.Tensor):
+            by_rank = tuple(inputs(r) for r in range(world))
+        elif _any_per_rank(inputs):
+            by_rank = tuple(_at_rank(inputs, r) for r in range(world))
+        else:
+            return None
+        return PerRankInputs(by_rank, _whole(list(by_rank)))
+
+    def mine(self) -> Any:
+        """This rank's inputs, inside ``sv.run``: per-rank tensors made with ``sv.per_rank``."""
+        from .record import per_rank
+
+        def leaf(path: tuple[Any, ...]) -> Any:
+            first = _get(self.by_rank[0], path)
+            if not isinstance(first, torch.Tensor):
+                return first
+            return per_rank(lambda r: _get(self.by_rank[r], path))
+
+        return _rebuild(self.by_rank[0], leaf, ())
+
+
+def _any_per_rank(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return _torch.is_local_tensor(x)
+    if isinstance(x, tuple | list):
+        return any(_any_per_rank(v) for v in x)
+    if isinstance(x, Mapping):
+        return any(_any_per_rank(v) for v in x.values())
+    return False
+
+
+def _at_rank(x: Any, rank: int) -> Any:
+    if isinstance(x, torch.Tensor) and _torch.is_local_tensor(x):
+        return (_torch.local_tensors(x) or {})[rank]
+    if isinstance(x, tuple | list):
+        return type(x)(_at_rank(v, rank) for v in x)
+    if isinstance(x, Mapping):
+        return {k: _at_rank(v, rank) for k, v in x.items()}
+    return x
+
+
+def _get(x: Any, path: tuple[Any, ...]) -> Any:
+    for p in path:
+        x = x[p]
+    return x
+
+
+def _rebuild(x: Any, leaf: Callable[[tuple[Any, ...]], Any], path: tuple[Any, ...]) -> Any:
+    if isinstance(x, tuple | list):
+        return type(x)(_rebuild(v, leaf, (*path, i)) for i, v in enumerate(x))
+    if isinstance(x, Mapping):
+        return {k: _rebuild(v, leaf, (*path, k)) for k, v in x.items()}
+    return leaf(path)
+
+
+def _whole(by_rank: list[Any]) -> Any:
+    """The whole batch from each rank's part (see ``PerRankInputs``)."""
+
+    def leaf(path: tuple[Any, ...]) -> Any:
+        values = [_get(v, path) for v in by_rank]
+        if not isinstance(values[0], torch.Tensor):
+            if any(v != values[0] for v in values[1:]):
+                raise ValueError(
+                    f"sv.diff: per-rank inputs: the non-tensor input at {list(path) or 'the top'} differs "
+                    "between ranks; only tensors can be per rank"
+                )
+            return values[0]
+        distinct: list[torch.Tensor] = []
+        for v in values:
+            if not isinstance(v, torch.Tensor) or _torch.is_local_tensor(v) or _torch.is_dtensor(v):
+                raise TypeError(
+                    "sv.diff: per-rank inputs are each rank's plain tensors (fn(rank) returns them), "
+                    f"not a {type(v).__name__}"
+                )
+            if not any(d.shape == v.shape and torch.equal(d, v) for d in distinct):
+                distinct.append(v.detach())
+        if len(distinct) == 1:
+            return distinct[0]
+        try:
+            return torch.cat(distinct, dim=0)
+        except RuntimeError as e:
+            raise ValueError(
+                f"sv.diff: per-rank inputs at {list(path) or 'the top'} do not join into one batch along "
+                f"dim 0 ({e}); give each rank its rows of the same batch"
+            ) from e
+
+    return _rebuild(by_rank[0], leaf, ())
 
 
 def event_notes(trace: Trace, caller: Source | None = None) -> dict[int, EventNote]:

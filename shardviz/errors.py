@@ -19,6 +19,10 @@ class PerRankValueError(ShardvizError, RuntimeError):
     """Python needs one answer (a branch, a number) from a value that differs per simulated rank."""
 
 
+class LockstepLimitError(ShardvizError, NotImplementedError):
+    """Code the lockstep simulator cannot run as written; the message names the backend that can."""
+
+
 class ShardSpecError(ShardvizError, ValueError):
     """A tensor's own sharding spec (PhysicsNeMo's ShardTensor) disagrees with its local shards."""
 

@@ -1,5 +1,6 @@
-"""The notebooks' lists (the tour's "Where next", the README's table) name every notebook in
-notebooks/, and each saved notebook carries the kernelspec JupyterLab writes when it opens it."""
+"""The notebooks' lists (the tour's "Where next", the tutorials page's table and its table of
+contents) name every notebook in notebooks/, in order, and each saved notebook carries the
+kernelspec JupyterLab writes when it opens it."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ def test_the_tour_points_to_every_other_notebook():
     assert set(NAME.findall(where)) == _stems() - {"01_tour"}, where
 
 
-def test_the_readme_table_lists_every_notebook():
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Notebooks") : text.index("## Quick start")]
-    listed = re.findall(r"^\| \[`(\d\d_[a-z0-9_]+)`\]\(notebooks/\1\.ipynb\)", table, flags=re.M)
-    assert sorted(listed) == sorted(_stems()), table
+def test_the_tutorials_page_lists_every_notebook_in_order():
+    text = (ROOT / "docs" / "tutorials.md").read_text()
+    listed = re.findall(r"^\| \[`(\d\d_[a-z0-9_]+)`\]\(\.\./notebooks/\1\.ipynb\)", text, flags=re.M)
+    assert listed == sorted(_stems()), listed
+    toctree = text[text.index("```{toctree}") :]
+    assert re.findall(r"^\.\./notebooks/(\S+)$", toctree, flags=re.M) == sorted(_stems())
 
 
 def _execute_module():

@@ -126,5 +126,10 @@ def show(obj: Any, **options: Any) -> Any:
 
 
 def device_type() -> str:
+    """The device type of the current backend's tensors: ``"cpu"`` for the simulators and gloo,
+    ``"cuda"`` for nccl, so that ``init_device_mesh(sv.device_type(), ...)`` runs on any backend.
+
+    It reads the backend's kind and initialises nothing (the notebook never touches CUDA itself).
+    """
     backend = session.peek()
     return "cpu" if backend is None else backend.device_type()

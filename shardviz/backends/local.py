@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ..capture import processes
 from ..capture import torch as _torch
 from ..data.trace import DEFAULT_VALUE_BUDGET, Trace
 from ..errors import BackendError, WorldSizeError
@@ -102,9 +103,12 @@ class LocalBackend:
         with (
             _torch.tracking_meshes(),
             _torch.fsdp_in_simulation(),
+            _torch.ddp_refused(),
+            _torch.debug_modes_as_on_real_ranks(),
             _torch.premul_sum_factors(),
             mode,
             _torch.per_rank_values(),  # inside the mode: on top of what it patches
+            processes.lockstep(),  # executor tasks run here; threads it starts are guarded
         ):
             yield mode
 
@@ -272,8 +276,11 @@ class AttachedBackend(LocalBackend):
             with (
                 _torch.tracking_meshes(),
                 _torch.fsdp_in_simulation(),
+                _torch.ddp_refused(),
+                _torch.debug_modes_as_on_real_ranks(),
                 _torch.premul_sum_factors(),
                 _torch.per_rank_values(),
+                processes.lockstep(),
             ):
                 yield self._mode
         finally:

@@ -43,6 +43,11 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
         if schema is not None:
             break
     op, specs = _torch.op_schema_specs(schema) if schema is not None else ("this operator", [])
+    for i, spec in enumerate(specs):
+        shapes = _torch.spec_shape_per_rank(spec)
+        if shapes is not None:
+            explain(error, _per_rank_shape_text(op, i, shapes))
+            return True
     drawn = []
     framework = None  # the adapter of a framework tensor among the inputs (PhysicsNeMo's ShardTensor)
     for i, spec in enumerate(specs):
@@ -78,15 +83,7 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
         )
         return True
     if no_strategy and op.endswith("_scaled_dot_product_flash_attention_for_cpu"):
-        explain(
-            error,
-            f"shardviz: {op} has no sharding strategy in DTensor. Its inputs are sharded along the "
-            "sequence (context parallel): torch's context parallel shards attention through the GPU "
-            "kernels (flash, memory-efficient, cuDNN) only, and on CPU (the simulation, gloo) SDPA "
-            "runs this CPU kernel, which nothing shards along the sequence; real CPU ranks fail the "
-            "same way. Run context parallel on GPUs (sv.use('nccl', world_size=N)), or leave it out on "
-            "CPU (torchtitan: context_parallel_degree=1).\n" + "\n".join(drawn[:1]),
-        )
+        explain(error, _sdpa_on_cpu(op, specs, drawn))
         return True
     if no_strategy:
         why = f"{op} has no sharding strategy in DTensor"
@@ -115,6 +112,76 @@ def explain_sharding_error(error: BaseException, frames: list[tuple[str, str, di
     return True
 
 
+def _per_rank_shape_text(op: str, i: int, shapes: dict[int, tuple[int, ...]]) -> str:
+    """A DTensor whose global shape differs per rank: it came from ``from_local`` of uneven pieces."""
+    from ..data.describe import rank_runs
+
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for r, s in shapes.items():
+        by_shape.setdefault(s, []).append(r)
+    each = "; ".join(
+        f"{tuple(s)} on rank{'s' if len(rs) > 1 else ''} {','.join(rank_runs(set(rs)))}"
+        for s, rs in by_shape.items()
+    )
+    return (
+        f"shardviz: input {i} of {op} has a different global shape on each rank ({each}). It was "
+        "made by DTensor.from_local without shape=, which takes the global shape to be each rank's "
+        "local shape times the mesh size: right only when the shards are even, and here the ranks' "
+        "local tensors have different sizes (a size the mesh does not divide; parallel styles do "
+        "this when they rebuild a DTensor from the plain local tensors the previous module handed "
+        "on, use_local_output=True). Real ranks would each infer their own global shape the same "
+        "way. Ways out: pass "
+        "shape= and stride= to DTensor.from_local; between two parallel layers keep the DTensor "
+        "(ColwiseParallel(use_local_output=False) then RowwiseParallel(input_layouts=Shard(-1))); or "
+        "pick sizes the mesh divides evenly."
+    )
+
+
+def _sdpa_on_cpu(op: str, specs: list[object], drawn: list[str]) -> str:
+    """SDPA's CPU kernel has no sharding strategy in DTensor, whatever the placements. What the
+    user meant decides the way out: a sequence shard is context parallel; heads or batch sharded
+    is tensor or data parallel, which DTensor shards on the GPU kernels only."""
+    from . import torch as _torch
+
+    dims: set[int] = set()
+    ndim = 4
+    for spec in specs[:3]:  # query, key, value
+        g = _torch.spec_geometry(spec)
+        if g is None:
+            continue
+        ndim = len(g["global_shape"])
+        for p in getattr(spec, "placements", ()):
+            try:
+                plain = _torch.placement_to_plain(p)
+            except TypeError:
+                continue
+            if plain.kind in ("shard", "strided") and plain.dim is not None:
+                dims.add(plain.dim % ndim)
+    kernels = (
+        f"shardviz: {op} has no sharding strategy in DTensor: on CPU (the simulation, gloo) SDPA runs "
+        "this kernel, and DTensor shards only SDPA's GPU kernels (flash, memory-efficient, cuDNN); "
+        "real CPU ranks fail the same way."
+    )
+    if ndim - 2 in dims:
+        return (
+            f"{kernels} Its inputs are sharded along the sequence (context parallel): torch's context "
+            "parallel shards attention through those GPU kernels only. Run context parallel on GPUs "
+            "(sv.use('nccl', world_size=N)), or leave it out on CPU (torchtitan: "
+            "context_parallel_degree=1).\n" + "\n".join(drawn[:1])
+        )
+    which = {0: "the batch (dim 0)", 1: "attention heads (dim 1)"}
+    split = " and ".join(which.get(d, f"dim {d}") for d in sorted(dims)) or "nothing (replicated)"
+    return (
+        f"{kernels} Its inputs are sharded by {split}, not along the sequence: this is not context "
+        "parallel. The heads (and the batch rows) are independent, so each rank can attend over its "
+        "own: call F.scaled_dot_product_attention on q.to_local(), k.to_local(), v.to_local() and "
+        "wrap the result with DTensor.from_local(out, mesh, placements) (what torch's and torchtitan's "
+        "tensor-parallel plans do: ColwiseParallel(use_local_output=True) hands attention plain "
+        "local tensors); or run on GPUs (sv.use('nccl', world_size=N)), where DTensor shards SDPA by "
+        "heads and by batch.\n" + "\n".join(drawn[:1])
+    )
+
+
 def _framework_error(
     error: BaseException, frames: list[tuple[str, str, dict[str, object]]], lockstep: bool
 ) -> bool:
@@ -133,18 +200,32 @@ def _framework_error(
 def explain_rank_error(error: BaseException) -> BaseException:
     """On one rank (a real one, or one thread per rank): the explanations that hold wherever the
     code runs (a sharding error, a framework's trap); ``error`` is returned either way."""
-    frames = _frames(error.__traceback__)
-    if isinstance(error, RuntimeError | NotImplementedError) and explain_sharding_error(error, frames):
-        return error
-    _framework_error(error, frames, lockstep=False)
+    try:
+        frames = _frames(error.__traceback__)
+        if isinstance(error, RuntimeError) and _fullgraph_under_mode(str(error)):
+            explain(error, FULLGRAPH_UNDER_RECORDING)
+            return error
+        if isinstance(error, RuntimeError | NotImplementedError) and explain_sharding_error(error, frames):
+            return error
+        _framework_error(error, frames, lockstep=False)
+    except Exception:  # explaining never replaces the error
+        pass
     return error
 
 
 def explain_simulation_error(error: BaseException, world_size: int) -> BaseException:
     """Add an explanation to ``error`` when it matches a known trap; return it either way.
-    shardviz's own errors say what to do already, and Ctrl-C is no error."""
+    shardviz's own errors say what to do already, and Ctrl-C is no error. Explaining never
+    replaces the error: a failure while explaining leaves it as it was raised."""
     if not isinstance(error, Exception):
         return error
+    try:
+        return _explain_simulation_error(error, world_size)
+    except Exception:
+        return error
+
+
+def _explain_simulation_error(error: Exception, world_size: int) -> BaseException:
     if isinstance(error, ShardvizError):
         # shardviz's own errors say what to do already; raised inside a framework's code (a per-rank
         # int PhysicsNeMo needed), the framework's adapter adds the framework's way out.
@@ -202,6 +283,8 @@ def explain_simulation_error(error: BaseException, world_size: int) -> BaseExcep
             return explained
     if compiled:
         return _explain_compile(error, msg, files)
+    if isinstance(error, RuntimeError) and _fullgraph_under_mode(msg):
+        return explain(error, FULLGRAPH_UNDER_RECORDING)
     if isinstance(error, AttributeError) and "'LocalIntNode' object has no attribute" in msg:
         # torch >= 2.14: dist.get_rank() (like a mesh coordinate) is a per-rank SymInt in the
         # simulation, and turning it into one Python int fails with this bare AttributeError.
@@ -243,6 +326,23 @@ def _explain_fsdp(error: BaseException, msg: str, files: list[str]) -> BaseExcep
 
 _UNSUPPORTED = ("torch._dynamo.exc", "Unsupported")
 
+FULLGRAPH_UNDER_RECORDING = (
+    "shardviz: torch.compile(fullgraph=True) cannot compile while shardviz records: torch compiles "
+    "no code under a Python dispatch mode other than its own (shardviz records through one, as "
+    "torch's DebugMode does; the lockstep simulator's LocalTensorMode is another), and "
+    "fullgraph=True turns what would be an uncompiled fallback into this error. Under torch's bare "
+    "LocalTensorMode, or with one thread per rank, fullgraph=True fails the same way. While "
+    "recording, compile without fullgraph=True (torch then runs uncompiled what it cannot compile, "
+    "and it is recorded); "
+    "compile with fullgraph=True where nothing records (outside sv.record / sv.run, or on real "
+    "ranks without a recording)."
+)
+
+
+def _fullgraph_under_mode(msg: str) -> bool:
+    """torch refused fullgraph=True because a dispatch mode (a recorder) was active."""
+    return "fullgraph=True found no compiled frames" in msg and "dispatch mode present" in msg
+
 
 def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseException:
     """torch.compile failed: say which part of it, and whether the simulation is the cause."""
@@ -279,12 +379,7 @@ def _explain_compile(error: BaseException, msg: str, files: list[str]) -> BaseEx
     if any((c.__module__, c.__name__) == _UNSUPPORTED for c in type(error).__mro__):
         traced = msg.split("from user code:", 1)[1] if "from user code:" in msg else ""
         if OWN_DIR in traced:
-            return explain(
-                error,
-                "shardviz: torch.compile traced into shardviz's own code, which it should never "
-                "see: a shardviz bug, please report it with this traceback. Meanwhile, compile "
-                "without fullgraph=True or record the code uncompiled.",
-            )
+            return explain(error, FULLGRAPH_UNDER_RECORDING)
         return explain(
             error,
             "shardviz: Dynamo (torch.compile's tracer) cannot turn this code into one graph (a graph "

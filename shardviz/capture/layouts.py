@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..geometry.chunks import chunk_layout, find_offset, resolve_offsets
-from ..geometry.layout import Layout, ShardInfo
+from ..geometry.layout import Layout, ShardInfo, as_held
 from ..geometry.layout import compute as compute_layout
 from . import torch as _torch
 from .recorder import to_numpy
@@ -31,7 +31,47 @@ def values(tensors: Mapping[int, torch.Tensor]) -> dict[int, np.ndarray]:
 
 
 def of_dtensor(dt: Any) -> Drawn:
-    return of_sharded(compute_layout(**_torch.dtensor_geometry(dt)), _torch.local_of(dt), "DTensor")
+    layout = held_layout(dt)
+    drawn = of_sharded(layout, _torch.local_of(dt), "DTensor")
+    if layout.notes:
+        return drawn[0], drawn[1], {**drawn[2], "values_note": " ".join(layout.notes)}
+    return drawn
+
+
+def held_layout(dt: Any) -> Layout:
+    """A DTensor's layout as its ranks hold it: its spec's geometry, unless the ranks' local
+    tensors have other shapes (``DTensor.from_local(..., run_check=False, shape=...)`` of uneven
+    pieces, a framework's conversion of its own uneven shards, or ``from_local`` of uneven pieces
+    without ``shape=``, whose global shape then differs per rank): then the pieces they hold, with
+    a note naming the disagreement (``geometry.layout.as_held``)."""
+    local = _torch.local_tensors(_torch.local_of(dt))
+    per_rank = _torch.dtensor_shape_per_rank(dt)
+    if per_rank is not None:
+        first = next(iter(per_rank.values()))
+        spec = compute_layout(**_torch.dtensor_geometry(dt, first))
+        held = {int(r): tuple(int(x) for x in t.shape) for r, t in (local or {}).items()}
+        note = (
+            f"this DTensor's global shape differs per rank ({dict(sorted(per_rank.items()))}): "
+            "DTensor.from_local without shape= takes each rank's local shape times the mesh size, "
+            "right only for even pieces, and any operator on it fails (pass shape= and stride=)."
+        )
+        return as_held(spec, held, note, whole=True)
+    spec = compute_layout(**_torch.dtensor_geometry(dt))
+    if local is None:  # a real rank, or a rank's thread: only its own piece to compare
+        rank = _own_rank(spec)
+        if rank is None:
+            return spec
+        return as_held(spec, {rank: tuple(int(x) for x in _torch.local_of(dt).shape)})
+    return as_held(spec, {int(r): tuple(int(x) for x in t.shape) for r, t in local.items()})
+
+
+def _own_rank(layout: Layout) -> int | None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        r = int(dist.get_rank())
+        return r if r in layout.ranks else None
+    return None
 
 
 def of_sharded(layout: Layout, local: Any, kind: str) -> Drawn:

@@ -130,8 +130,10 @@ def _reduce(name: str | None, tensors: list[torch.Tensor], factors: Sequence[Any
     return _torch.local_reduce(name or "sum", tensors)
 
 
-def done_work() -> Any:
-    return _torch.fake_work()
+def done_work(tensors: Sequence[torch.Tensor] = ()) -> Any:
+    """A finished Work whose future holds ``tensors``, as a real process group's does (gloo's: the
+    op's output tensors; DDP's reducer reads its bucket back from ``get_future()``)."""
+    return _torch.fake_work(list(tensors))
 
 
 def _all_reduce(calls: list[Call]) -> list[Any]:
@@ -145,7 +147,8 @@ def _all_reduce(calls: list[Call]) -> list[Any]:
         if impl.startswith("c10d."):
             for t, r in zip(mine, reds, strict=True):
                 t.copy_(r)
-            out.append((c.bound["tensors"], done_work()) if impl == "c10d.allreduce_" else done_work())
+            work = done_work(mine)
+            out.append((c.bound["tensors"], work) if impl == "c10d.allreduce_" else work)
         elif impl.endswith("_"):  # the functional in-place variants
             for t, r in zip(mine, reds, strict=True):
                 t.copy_(r)
@@ -170,19 +173,19 @@ def _all_gather(calls: list[Call]) -> list[Any]:
             for i, outs in enumerate(b["output_tensors"]):
                 for j, t in enumerate(outs):
                     t.copy_(ins[j][i])
-            out.append((b["output_tensors"], done_work()))
+            out.append((b["output_tensors"], done_work(_tensor_list(b["output_tensors"]))))
         elif impl == "c10d._allgather_base_":
             b["output_tensor"].copy_(cats[0].view_as(b["output_tensor"]))
-            out.append((b["output_tensor"], done_work()))
+            out.append((b["output_tensor"], done_work([b["output_tensor"]])))
         elif impl == "c10d.allgather_into_tensor_coalesced_":
             for t, v in zip(b["outputs"], cats, strict=True):
                 t.copy_(v.view_as(t))
-            out.append(done_work())
+            out.append(done_work(b["outputs"]))
         elif impl == "c10d.allgather_coalesced_":
             for j, outs in enumerate(b["output_lists"]):
                 for i, t in enumerate(outs):
                     t.copy_(ins[j][i])
-            out.append(done_work())
+            out.append(done_work(_tensor_list(b["output_lists"])))
         elif impl.endswith("_out"):
             b["out"].copy_(cats[0].view_as(b["out"]))
             out.append(b["out"])
@@ -197,7 +200,8 @@ def _chunks(t: torch.Tensor, n: int) -> list[torch.Tensor]:
         raise CollectiveMismatchError(
             f"reduce_scatter of {dims(t)} over {n} ranks: dim 0 does not divide into {n} equal parts"
         )
-    return list(torch.split(t, t.shape[0] // n))
+    size = t.shape[0] // n  # narrow, not split: split of an empty dim into parts of 0 gives one part
+    return [t.narrow(0, i * size, size) for i in range(n)]
 
 
 def _reduce_scatter(calls: list[Call]) -> list[Any]:
@@ -209,7 +213,7 @@ def _reduce_scatter(calls: list[Call]) -> list[Any]:
         lists = [c.bound["input_tensors"][0] for c in calls]
         for j, c in enumerate(calls):
             c.bound["output_tensors"][0].copy_(_reduce(op, [lst[j] for lst in lists], factors))
-            out.append((c.bound["output_tensors"], done_work()))
+            out.append((c.bound["output_tensors"], done_work(c.bound["output_tensors"])))
         return out
     ins = [_inputs(c) for c in calls]
     reds = [_reduce(op, [x[i] for x in ins], factors) for i in range(len(ins[0]))]
@@ -219,11 +223,11 @@ def _reduce_scatter(calls: list[Call]) -> list[Any]:
         mine = [p[j] for p in parts]
         if impl == "c10d._reduce_scatter_base_":
             b["output_tensor"].copy_(mine[0].view_as(b["output_tensor"]))
-            out.append((b["output_tensor"], done_work()))
+            out.append((b["output_tensor"], done_work([b["output_tensor"]])))
         elif impl == "c10d.reduce_scatter_tensor_coalesced_":
             for t, v in zip(b["outputs"], mine, strict=True):
                 t.copy_(v.view_as(t))
-            out.append(done_work())
+            out.append(done_work(b["outputs"]))
         elif impl.endswith("_out"):
             b["out"].copy_(mine[0].view_as(b["out"]))
             out.append(b["out"])
@@ -245,7 +249,7 @@ def _broadcast(calls: list[Call]) -> list[Any]:
         if c is not calls[root]:
             for t, v in zip(mine, src, strict=True):
                 t.copy_(v)
-        out.append((c.bound["tensors"], done_work()) if c.impl == "c10d.broadcast_" else c.bound["input"])
+        out.append((c.bound["tensors"], done_work(mine)) if c.impl == "c10d.broadcast_" else c.bound["input"])
     return out
 
 
@@ -259,7 +263,7 @@ def _scatter(calls: list[Call]) -> list[Any]:
     out = []
     for j, c in enumerate(calls):
         c.bound["output_tensors"][0].copy_(pieces[j])
-        out.append((c.bound["output_tensors"], done_work()))
+        out.append((c.bound["output_tensors"], done_work(c.bound["output_tensors"])))
     return out
 
 
@@ -272,14 +276,14 @@ def _gather(calls: list[Call]) -> list[Any]:
         )
     for j, c in enumerate(calls):
         slots[j].copy_(c.bound["input_tensors"][0])
-    return [done_work() for _ in calls]
+    return [done_work(slots if c is root else ()) for c in calls]
 
 
 def _reduce_to_root(calls: list[Call]) -> list[Any]:
     root = calls[calls[0].root() or 0]
     red = _reduce(calls[0].reduce(), [c.bound["tensors"][0] for c in calls], [c.factor for c in calls])
     root.bound["tensors"][0].copy_(red)
-    return [done_work() for _ in calls]
+    return [done_work(c.bound["tensors"]) for c in calls]
 
 
 def _splits(t: torch.Tensor, sizes: Sequence[int] | None, n: int) -> list[torch.Tensor]:
@@ -312,7 +316,7 @@ def _all_to_all(calls: list[Call]) -> list[Any]:
         if c.impl == "c10d.alltoall_":
             for t, v in zip(b["output_tensors"], got, strict=True):
                 _copy_checked(t, v, c, "all_to_all")
-            out.append((b["output_tensors"], done_work()))
+            out.append((b["output_tensors"], done_work(b["output_tensors"])))
             continue
         want = b.get("output_split_sizes")
         if want and [int(s) for s in want] != [int(v.shape[0]) for v in got]:
@@ -323,7 +327,7 @@ def _all_to_all(calls: list[Call]) -> list[Any]:
         whole = torch.cat(got)
         if c.impl == "c10d.alltoall_base_":
             _copy_checked(b["output"], whole, c, "all_to_all")
-            out.append(done_work())
+            out.append(done_work([b["output"]]))
         else:
             out.append(whole)
     return out

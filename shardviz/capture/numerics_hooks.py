@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..data.numerics import RawCapture, RawTensor, RowKey
+from ..data.numerics import MeshSplit, RawCapture, RawTensor, RowKey
 from ..errors import ShardvizError
 from ..geometry.layout import compute as _compute_layout
 from . import torch as _torch
@@ -45,6 +45,8 @@ _WRAPPERS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
 _QUIET = (
     "Full backward hook is firing when gradients are computed with respect to module outputs",
     "FSDP2-wrapped module .* returned a view tensor",
+    # A module that returns None (compared forward only) has no backward for its hooks.
+    "For backward hooks to be called, module output should be a Tensor",
 )
 
 
@@ -95,6 +97,7 @@ class StepCapture:
                 if path not in {p for p, _ in self.modules}:
                     self.modules.append((path, type(mod).__name__))
         self.tensors: list[RawTensor] = []
+        self.notes: list[str] = []
         self.nbytes = 0
         self._order = 0
         self._calls: dict[str, int] = {}
@@ -122,8 +125,16 @@ class StepCapture:
             return
         value = _torch.settled(value)
         layout = None
+        problem = None
         if _torch.is_dtensor(value):
-            layout = _compute_layout(**_torch.dtensor_geometry(value))
+            shapes = _torch.dtensor_shape_per_rank(value)
+            if shapes is None:
+                layout = _compute_layout(**_torch.dtensor_geometry(value))
+            else:  # torch raises at the next operator on it; the capture must not fail first
+                problem = (
+                    f"a DTensor whose global shape differs per rank ({dict(sorted(shapes.items()))}): "
+                    "DTensor.from_local without shape= of uneven local tensors"
+                )
             local = _torch.settled(_torch.local_of(value))
         else:
             local = value
@@ -148,6 +159,7 @@ class StepCapture:
                 values=per_rank,
                 layout=layout,
                 events=(start, self.mark()),
+                problem=problem,
             )
         )
         self._order += 1
@@ -250,13 +262,17 @@ class StepCapture:
                 h.remove()
             self._handles.clear()
 
-    def result(self) -> RawCapture:
+    def result(self, meshes: Sequence[MeshSplit] = ()) -> RawCapture:
+        """What was captured; ``meshes``: the meshes the step built (the ways they split the world,
+        by which plain local tensors are laid out)."""
         return RawCapture(
+            meshes=tuple(meshes),
             world_size=self.world_size,
             root=type(self.root).__name__,
             modules=tuple(self.modules),
             tensors=tuple(self.tensors),
             nbytes=self.nbytes,
+            notes=tuple(self.notes),
         )
 
 
@@ -267,9 +283,29 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 
 
 def mean_loss(output: Any) -> torch.Tensor:
-    """The default loss: the mean of the (first) output, in float32 at least."""
-    out = output if isinstance(output, torch.Tensor) else _tensors(output)[0]
+    """The default loss: the mean of the (first floating-point) output, in float32 at least."""
+    out = output if isinstance(output, torch.Tensor) else _floating(output)[0]
     return out.float().mean() if out.dtype in (torch.float16, torch.bfloat16) else out.mean()
+
+
+def _floating(output: Any) -> list[torch.Tensor]:
+    return [t for t in _tensors(output) if t.dtype.is_floating_point or t.dtype.is_complex]
+
+
+FORWARD_ONLY = (
+    "forward only: the model's output holds no floating-point tensor ({what}), so there is no "
+    "default loss (the mean of the output) to run a backward and an optimizer step from; pass "
+    "loss= (a function of the output returning a scalar tensor) to compare a training step"
+)
+
+
+def _output_kind(output: Any) -> str:
+    if output is None:
+        return "it returned None"
+    ts = _tensors(output)
+    if not ts:
+        return f"it returned a {type(output).__name__}"
+    return "only " + ", ".join(sorted({str(t.dtype).removeprefix("torch.") for t in ts})) + " tensors"
 
 
 def sgd(params: Any) -> torch.optim.Optimizer:
@@ -296,6 +332,7 @@ def run_step(
     on ``inputs``, ``loss(output)``, backward, ``optimizer(params).step()``."""
     if seed is not None:
         torch.manual_seed(seed)
+    meshes_before = _torch.live_mesh_ids()
     if device != "cpu":
         model = model.to(device)
         inputs = _to(inputs, device)
@@ -320,6 +357,9 @@ def run_step(
     args, kwargs = _call_args(inputs)
     with cap.attached():
         out = model(*args, **kwargs)
+        if loss is None and not _floating(out):
+            cap.notes.append(FORWARD_ONLY.format(what=_output_kind(out)))
+            return cap.result(_torch.meshes_since(meshes_before))
         start = cap.mark()
         value = (loss or mean_loss)(out)
         if not isinstance(value, torch.Tensor):
@@ -332,7 +372,7 @@ def run_step(
     if opt is not None:
         opt.step()
         cap.parameters("param")
-    return cap.result()
+    return cap.result(_torch.meshes_since(meshes_before))
 
 
 def _call_args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -341,6 +381,17 @@ def _call_args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(inputs, tuple | list):
         return tuple(inputs), {}
     return (inputs,), {}
+
+
+def to_float64(x: Any) -> Any:
+    """Inputs with every floating-point tensor in float64 (token ids and masks as they are)."""
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.dtype.is_floating_point else x
+    if isinstance(x, tuple | list):
+        return type(x)(to_float64(v) for v in x)
+    if isinstance(x, Mapping):
+        return {k: to_float64(v) for k, v in x.items()}
+    return x
 
 
 def _to(x: Any, device: str) -> Any:

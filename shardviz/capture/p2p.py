@@ -74,7 +74,12 @@ def run_threads(
     world = trace.world_size
     state = _Run(world, live_ranks(world, threads), values)
     try:
-        with _torch.tracking_meshes(), _torch.fsdp_in_simulation(), state.pipeline_hooks():
+        with (
+            _torch.tracking_meshes(),
+            _torch.fsdp_in_simulation(),
+            _torch.per_rank_values(state.sim.live_ranks),  # dist.get_rank() is each rank's, not 0
+            state.pipeline_hooks(),
+        ):
             results = state.sim.run(lambda t: fn(t, *args, **kwargs), setup=state.thread_setup)
     except _torch.P2PStuck as e:
         trace.complete = False

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BackendError, DeadlockError, RankExitError, ShardvizError
-from . import stopping
+from . import processes, stopping
 from . import torch as _torch
 from .meetings import (
     RUN,
@@ -88,6 +88,38 @@ def current_threads() -> RankThreads | None:
 def current_mode() -> MeetingMode | None:
     """The rank's meeting mode, while it runs a job: the recorder hears from it."""
     return getattr(_local, "mode", None) if getattr(_local, "busy", False) else None
+
+
+def rank_context() -> tuple[int, RankThreads] | None:
+    """The rank (and its threads) whose code runs in this thread, for a thread it starts."""
+    rank, pool = current_rank(), current_threads()
+    return None if rank is None or pool is None else (rank, pool)
+
+
+def adopt_rank_context(context: tuple[int, RankThreads]) -> None:
+    """In a thread a rank started: it belongs to that rank (its printing, ``sv.show``, its rank)."""
+    _local.rank, _local.pool = context
+    _local.busy = True
+
+
+def _rank_child() -> Callable[[], Any] | None:
+    """In a rank's thread that starts a thread: what that thread runs first to be in the rank's
+    world (``shardviz.capture.processes``)."""
+    context = rank_context()
+    if context is None:
+        return None
+    world = _torch.thread_world()
+    guard = processes.guard(lockstep=False, rank=context[0])
+
+    def setup() -> None:
+        adopt_rank_context(context)
+        _torch.enter_thread_world(world)
+        guard()
+
+    return setup
+
+
+processes.register_kind("threads", _rank_child)
 
 
 def _ordinal(n: int) -> str:
@@ -150,8 +182,7 @@ class RankThreads:
         self._reset()
         start = _torch.process_state()  # every rank starts from the same state, as processes would
         for r in range(world_size):
-            rng, dtype, handlers, contents = start
-            self._state[r] = (rng.clone(), dtype, handlers, dict(contents))
+            self._state[r] = _torch.rank_process_state(start)
         self._busy: set[int] = set()  # ranks whose thread is in a job (a stopped run's may still be)
         self.stop = stopping.Stop(_Aborted)
         _torch.settle_cuda_guard()
@@ -414,6 +445,7 @@ class RankThreads:
                 _torch.tracking_meshes(),
                 _torch.premul_sum_factors(),
                 stopping.stoppable_sleeps(),
+                processes.simulated_processes(),  # threads a rank starts are in its world
             ):
                 for box in self._inbox:
                     box.put(job)

@@ -59,6 +59,7 @@ class TensorSnapshot:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the buffer, from its shape and dtype (values kept or not)."""
         return math.prod(self.shape) * dtype_size(self.dtype)
 
     def __eq__(self, other: object) -> bool:
@@ -132,6 +133,7 @@ class CollectiveEvent(Event):
 
     @property
     def group_size(self) -> int:
+        """The number of ranks in each of ``groups`` (0 when there are none)."""
         return len(self.groups[0]) if self.groups else 0
 
     def roots(self) -> list[int]:

@@ -114,6 +114,7 @@ def decode_layout(v: Any) -> Layout:
         shards=tuple(shards),
         mesh_ranks=tuple(mesh_ranks) if mesh_ranks else tuple(s.rank for s in shards),
         groups=groups,
+        notes=checked("notes", d, str_tuple) if "notes" in d else (),
     )
 
 

@@ -62,10 +62,12 @@ class MemoryTimeline:
 
     @property
     def start(self) -> np.ndarray:
+        """Each rank's live bytes at the first sample (zeros when nothing was sampled)."""
         return self.bytes[0] if len(self.events) else np.zeros(self.world_size, np.int64)
 
     @property
     def end(self) -> np.ndarray:
+        """Each rank's live bytes at the last sample (zeros when nothing was sampled)."""
         return self.bytes[-1] if len(self.events) else np.zeros(self.world_size, np.int64)
 
     def rows(self) -> list[tuple[list[int], int, int, int, int | None]]:
@@ -98,6 +100,7 @@ class MemoryTimeline:
     def from_dict(
         cls, d: Mapping[str, Any], array: Callable[[Any], np.ndarray] | None = None
     ) -> MemoryTimeline:
+        """The timeline ``to_dict`` wrote; ``array`` reads ``bytes`` back when it is an array's key."""
         raw = d["bytes"]
         return cls(
             world_size=int(d["world_size"]),

@@ -94,12 +94,14 @@ class ModelMap:
     # ---- lookups ----
 
     def row(self, name: str) -> TensorRow:
+        """The row of the tensor named ``name`` (``"layers.0.attention.wq.weight"``; KeyError if none)."""
         for r in self.rows:
             if r.name == name:
                 return r
         raise KeyError(f"no tensor named {name!r} in this model map (names look like {self.rows[0].name!r})")
 
     def index(self, name: str) -> int:
+        """The position of the tensor named ``name`` in ``rows``."""
         return self.rows.index(self.row(name))
 
     def layout(self, name: str | int) -> Layout:
@@ -182,6 +184,7 @@ class ModelMap:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelMap:
+        """The model map ``to_dict`` wrote."""
         rows = tuple(
             TensorRow(
                 name=str(r["name"]),

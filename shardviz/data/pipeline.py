@@ -69,6 +69,7 @@ class Timeline:
         return 1 - sum(self.busy[r] for r in lanes) / (len(lanes) * self.makespan)
 
     def lane(self, rank: int) -> list[Interval]:
+        """The rank's compute intervals, in the order it ran them."""
         return [i for i in self.intervals if i.rank == rank]
 
     def actions(self, rank: int) -> list[str]:

@@ -79,24 +79,30 @@ class Trace:
         return self.events[i]
 
     def event(self, event_id: int) -> Event:
+        """The event with id ``event_id`` (KeyError if none)."""
         for e in self.events:
             if e.id == event_id:
                 return e
         raise KeyError(f"no event with id {event_id} in this trace")
 
     def collectives(self) -> list[CollectiveEvent]:
+        """The collective events (send and recv included), in execution order."""
         return [e for e in self.events if isinstance(e, CollectiveEvent)]
 
     def redistributes(self) -> list[RedistributeEvent]:
+        """The redistribute events, in execution order."""
         return [e for e in self.events if isinstance(e, RedistributeEvent)]
 
     def ops(self) -> list[OpEvent]:
+        """The DTensor operator events, in execution order."""
         return [e for e in self.events if isinstance(e, OpEvent)]
 
     def locals(self) -> list[LocalEvent]:
+        """The events of local compute on shards (``to_local()`` code), in execution order."""
         return [e for e in self.events if isinstance(e, LocalEvent)]
 
     def children(self, event_id: int | None) -> list[Event]:
+        """The events directly inside event ``event_id`` (None: the top-level events)."""
         return [e for e in self.events if e.parent == event_id]
 
     def __str__(self) -> str:
@@ -197,22 +203,27 @@ class Trace:
                 "such event)."
             )
         w = trace_file.Writer()
-        results: dict[str, Any] | None = None
-        if self.results is not None:
-            results = {}
+        return trace_file.write(path, self._document(w), w.arrays)
+
+    def _document(self, w: trace_file.Writer, results: bool = True) -> dict[str, Any]:
+        """The trace as trace.json holds it, its arrays handed to ``w`` (a report embeds it,
+        without ``results``: what sv.diff's ranks returned is in the report's rows)."""
+        saved: dict[str, Any] | None = None
+        if self.results is not None and results:
+            saved = {}
             dropped = []
             for rank, value in self.results.items():
                 enc = trace_file.encode_result(value, w)
                 if enc is None:
                     dropped.append(f"rank {rank}: {type(value).__name__}")
                 else:
-                    results[str(rank)] = enc
+                    saved[str(rank)] = enc
             if dropped:
                 warnings.warn(
                     "trace.save: results that are neither tensors nor JSON values are not saved ("
                     + ", ".join(dropped)
                     + ")",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
         doc = {
             "world_size": self.world_size,
@@ -222,12 +233,12 @@ class Trace:
             "complete": self.complete,
             "meshes": self.meshes,
             "events": [w.event(e) for e in self.events],
-            "results": results,
+            "results": saved,
             "notes": list(self.notes),
             "meta": self.meta,
             "memory": self.memory.to_dict(w.array) if self.memory is not None else None,
         }
-        return trace_file.write(path, doc, w.arrays)
+        return doc
 
 
 def _results_eq(a: dict[int, Any] | None, b: dict[int, Any] | None) -> bool:

@@ -101,14 +101,23 @@ def _summary_json(s: Summary | None) -> dict[str, Any] | None:
     return {"min": num(s.min), "max": num(s.max), "mean": num(s.mean), "nan": s.nan}
 
 
-def write(path: str | Path, doc: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> Path:
+def write(
+    path: str | Path,
+    doc: dict[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    *,
+    member: str = "trace.json",
+    fmt: str = FORMAT,
+    version: int = VERSION,
+) -> Path:
     """One trace file: ``doc`` as trace.json (its ``format`` and ``version`` added) and each array as
-    ``arrays/<key>.npy``, never pickled."""
+    ``arrays/<key>.npy``, never pickled. A numerics report is written the same way, as
+    ``report.json`` of its own format."""
     path = Path(path)
-    doc = {"format": FORMAT, "version": VERSION, **doc}
+    doc = {"format": fmt, "version": version, **doc}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("trace.json", json.dumps(doc, separators=(",", ":")))
+        z.writestr(member, json.dumps(doc, separators=(",", ":")))
         for key, arr in arrays.items():
             ab = io.BytesIO()
             np.lib.format.write_array(ab, arr, allow_pickle=False)

@@ -10,11 +10,12 @@ that makes a torch tensor).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import stat
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,27 @@ def load_trace(
 
     A tensor in ``trace.results`` comes back as ``tensor(values, dtype_name)``; without ``tensor``,
     as its numpy values (dtypes numpy lacks widened, as in a snapshot)."""
-    path = Path(path)
     lim = limits if limits is not None else resolve()
+    with open_document(path, lim) as (doc, arrays):
+        try:
+            return decode_trace(doc, arrays, lim, tensor)
+        except Bad as e:
+            raise e.error(str(path), "trace.json") from None
+
+
+@contextlib.contextmanager
+def open_document(
+    path: str | Path,
+    lim: Limits,
+    *,
+    member: str = "trace.json",
+    fmt: str = FORMAT,
+    version: int = VERSION,
+    kind: str = "shardviz trace",
+) -> Iterator[tuple[dict[str, Any], Arrays]]:
+    """A file written by ``trace_file.write``: its JSON document (``member``, of format ``fmt`` up
+    to ``version``) and its arrays, every size checked against ``lim`` before it is read."""
+    path = Path(path)
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -70,15 +90,15 @@ def load_trace(
     except OSError as e:
         raise TraceFileError(f"{path} cannot be read ({e})") from None
     if stat.S_ISDIR(st.st_mode):
-        raise TraceFileError(f"{path} is a folder, not a shardviz trace file")
+        raise TraceFileError(f"{path} is a folder, not a {kind} file")
     if not stat.S_ISREG(st.st_mode):
-        raise TraceFileError(f"{path} is not a regular file, so not a shardviz trace")
+        raise TraceFileError(f"{path} is not a regular file, so not a {kind}")
     try:
         z = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise
     except _ZIP_ERRORS as e:
-        raise TraceFileError(f"{path} is not a shardviz trace (not a zip archive: {e})") from None
+        raise TraceFileError(f"{path} is not a {kind} (not a zip archive: {e})") from None
     with z:
         infos = z.infolist()
         total = sum(i.file_size for i in infos)
@@ -87,43 +107,39 @@ def load_trace(
                 str(path), f"its {len(infos)} members together, decompressed,", total, "file_bytes", lim
             )
         try:
-            info = z.getinfo("trace.json")
+            info = z.getinfo(member)
         except KeyError:
-            raise TraceFileError(f"{path} is not a shardviz trace (no trace.json inside)") from None
+            raise TraceFileError(f"{path} is not a {kind} (no {member} inside)") from None
         if info.file_size > lim.json_bytes:
-            raise over(str(path), "its trace.json, decompressed,", info.file_size, "json_bytes", lim)
+            raise over(str(path), f"its {member}, decompressed,", info.file_size, "json_bytes", lim)
         try:
             raw = z.read(info)
         except _ZIP_ERRORS as e:
-            raise TraceFileError(f"{path} is damaged: its trace.json cannot be read ({e})") from None
-        doc = parse_json(raw, f"{path} is damaged: its trace.json is not JSON")
+            raise TraceFileError(f"{path} is damaged: its {member} cannot be read ({e})") from None
+        doc = parse_json(raw, f"{path} is damaged: its {member} is not JSON")
         del raw
         if type(doc) is not dict:
             raise TraceFileError(
-                f"{path} is not a shardviz trace (its trace.json holds a JSON {type(doc).__name__}, "
-                f"not an object with format {FORMAT!r})"
+                f"{path} is not a {kind} (its {member} holds a JSON {type(doc).__name__}, "
+                f"not an object with format {fmt!r})"
             )
-        if doc.get("format") != FORMAT:
+        if doc.get("format") != fmt:
             raise TraceFileError(
-                f"{path} is not a shardviz trace (trace.json holds format {short(doc.get('format'))}, "
-                f"expected {FORMAT!r})"
+                f"{path} is not a {kind} ({member} holds format {short(doc.get('format'))}, expected {fmt!r})"
             )
-        version = doc.get("version")
-        if type(version) is not int or version < 1:
+        got = doc.get("version")
+        what = kind.removeprefix("shardviz ")
+        if type(got) is not int or got < 1:
             raise TraceFileError(
-                f"{path} is damaged: its trace format version is {short(version)}, expected a whole "
-                f"number from 1 to {VERSION}"
+                f"{path} is damaged: its {what} format version is {short(got)}, expected a whole "
+                f"number from 1 to {version}"
             )
-        if version > VERSION:
+        if got > version:
             raise TraceFileError(
-                f"{path} was written by a newer shardviz (trace format {version}; this shardviz reads "
-                f"up to {VERSION}): upgrade shardviz to open it"
+                f"{path} was written by a newer shardviz ({what} format {got}; this shardviz reads "
+                f"up to {version}): upgrade shardviz to open it"
             )
-        arrays = Arrays(z, path, lim)
-        try:
-            return _decode_trace(doc, arrays, lim, tensor)
-        except Bad as e:
-            raise e.error(str(path), "trace.json") from None
+        yield doc, Arrays(z, path, lim)
 
 
 class _Missing:
@@ -133,7 +149,9 @@ class _Missing:
 _MISSING: Any = _Missing()
 
 
-def _decode_trace(doc: dict[str, Any], arrays: Arrays, lim: Limits, tensor: TensorFromValues | None) -> Trace:
+def decode_trace(doc: dict[str, Any], arrays: Arrays, lim: Limits, tensor: TensorFromValues | None) -> Trace:
+    """A Trace from its document (trace.json, or the ``trace`` a saved report embeds)."""
+
     def field(name: str, decode: Any, *args: Any, default: Any = _MISSING) -> Any:
         if name not in doc:
             if default is _MISSING:

@@ -42,13 +42,16 @@ class ShardInfo:
 
     @property
     def empty(self) -> bool:
+        """Whether this rank holds no element (a 0 in its local shape)."""
         return 0 in self.shape
 
     @property
     def contiguous(self) -> bool:
+        """Whether the shard is one block of the global tensor (one range per dim; a strided shard is not)."""
         return all(len(r) <= 1 for r in self.indices)
 
     def numel(self) -> int:
+        """The number of elements this rank holds."""
         n = 1
         for s in self.shape:
             n *= s
@@ -74,6 +77,9 @@ class Layout:
     shards: tuple[ShardInfo, ...]
     mesh_ranks: tuple[int, ...] = field(default=())
     groups: tuple[tuple[int, ...], ...] = field(default=())
+    # What the geometry alone does not say: a DTensor whose ranks hold pieces other than its spec
+    # gives them (the layout is then the pieces the ranks hold).
+    notes: tuple[str, ...] = field(default=())
 
     @property
     def world_size(self) -> int:
@@ -107,15 +113,18 @@ class Layout:
 
     @property
     def ranks(self) -> tuple[int, ...]:
+        """The global ranks that hold a shard, in the order of ``shards``."""
         return tuple(s.rank for s in self.shards)
 
     def shard(self, rank: int) -> ShardInfo:
+        """What global ``rank`` holds (KeyError for a rank off this layout's mesh)."""
         for s in self.shards:
             if s.rank == rank:
                 return s
         raise KeyError(f"rank {rank} is not on this layout's mesh (ranks {self.ranks[0]}..{self.ranks[-1]})")
 
     def dim_name(self, mesh_dim: int) -> str:
+        """The name of mesh dim ``mesh_dim``, or "mesh dim N" when the mesh has no names."""
         if self.mesh_dim_names:
             return self.mesh_dim_names[mesh_dim]
         return f"mesh dim {mesh_dim}"
@@ -170,10 +179,13 @@ class Layout:
         }
         if self.groups:
             out["groups"] = [list(g) for g in self.groups]
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Layout:
+        """The layout ``to_dict`` wrote (no checks: ``sv.load`` checks a file's layouts as it reads them)."""
         shards = tuple(
             ShardInfo(
                 rank=int(s["rank"]),
@@ -197,6 +209,7 @@ class Layout:
             shards=shards,
             mesh_ranks=tuple(d.get("mesh_ranks") or (s.rank for s in shards)),
             groups=groups,
+            notes=tuple(str(n) for n in d.get("notes") or ()),
         )
 
 
@@ -567,4 +580,81 @@ def _table(layout: Layout) -> str:
     for r in rows:
         cells = [r[0].rjust(widths[0])] + [c.ljust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
+    lines += [f"note: {n}" for n in layout.notes]
     return "\n".join(lines)
+
+
+def as_held(
+    spec: Layout, held: Mapping[int, Sequence[int]], note: str | None = None, whole: bool = False
+) -> Layout:
+    """``spec`` as the ranks hold it: ``held`` gives ranks' local shapes (all of them, or only
+    some: a real rank knows its own). Where they all match the spec, the spec; else, when the
+    pieces tile the tensor along each ``S(d)`` mesh dim in coordinate order (``shard_sizes``), that
+    layout, and otherwise the spec; either way with a note naming the disagreement. ``whole``:
+    the spec's global shape is a guess, to be replaced by the one the pieces make."""
+    got = {r: tuple(int(x) for x in s) for r, s in held.items()}
+    wrong = [s.rank for s in spec.shards if s.rank in got and got[s.rank] != s.shape]
+    if not wrong and not whole:
+        return spec
+    if note is None:
+        want = ", ".join(str(spec.shard(r).shape) for r in wrong)
+        note = (
+            f"the ranks' local tensors disagree with this DTensor's spec ({list(spec.global_shape)}, "
+            f"[{', '.join(spec.placements)}]): rank{'s' if len(wrong) > 1 else ''} "
+            f"{', '.join(map(str, wrong))} hold{'' if len(wrong) > 1 else 's'} "
+            f"{', '.join(str(got[r]) for r in wrong)} where the spec gives {want}; DTensor computes with "
+            "the spec's sizes (from_local with run_check=False and shape=, or a framework's conversion "
+            "of its own uneven shards), so its results may not be what the ranks hold."
+        )
+    if set(got) >= set(spec.ranks):
+        sizes = _sizes_held(spec, got)
+        if sizes is not None:
+            shape = list(spec.global_shape)
+            for m, sz in sizes.items():
+                d = int(spec.placements[m][2:-1])
+                if not whole and sum(sz) != shape[d]:
+                    sizes = None  # the pieces do not add up to the spec's global shape
+                    break
+                shape[d] = sum(sz)
+        if sizes is not None:
+            try:
+                drawn = compute(
+                    shape,
+                    spec.mesh_shape,
+                    spec.placements,
+                    spec.mesh_dim_names,
+                    dtype=spec.dtype,
+                    mesh_ranks=spec.mesh_ranks or None,
+                    groups=spec.groups or None,
+                    shard_sizes=sizes,
+                )
+            except ValueError:
+                drawn = None
+            if drawn is not None and all(got[s.rank] == s.shape for s in drawn.shards):
+                return dataclasses.replace(
+                    drawn, notes=(*spec.notes, note + " Drawn as the ranks hold them.")
+                )
+    why = (
+        "the pieces do not tile the tensor"
+        if set(got) >= set(spec.ranks)
+        else "the other ranks' are not known here"
+    )
+    return dataclasses.replace(spec, notes=(*spec.notes, f"{note} Drawn as the spec gives it: {why}."))
+
+
+def _sizes_held(spec: Layout, held: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] | None:
+    """For each mesh dim with a plain ``S(d)``, the size along ``d`` of the piece at each
+    coordinate, read from the ranks at that coordinate (all of which must agree)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for m, p in enumerate(spec.placements):
+        if not (p.startswith("S(") and p.endswith(")")):
+            continue
+        d = int(p[2:-1])
+        by_coord: dict[int, set[int]] = {}
+        for s in spec.shards:
+            if s.rank in held and d < len(held[s.rank]):
+                by_coord.setdefault(s.coord[m], set()).add(held[s.rank][d])
+        if any(len(v) != 1 for v in by_coord.values()) or len(by_coord) != spec.mesh_shape[m]:
+            return None
+        out[m] = tuple(next(iter(by_coord[c])) for c in range(spec.mesh_shape[m]))
+    return out or None

@@ -252,7 +252,11 @@ def test_rank_dependent_physicsnemo_code_in_lockstep_points_at_threads(lockstep)
         scatter_tensor(s.a, 0, s.mesh, (Shard(0),))
     with pytest.raises(PerRankValueError, match=r'_to_replicate_tensor .*sv\.use\("threads"'), sv.record():
         s.x.full_tensor()  # uneven: PhysicsNeMo pads with `if` on each rank's size
-    with pytest.raises(AttributeError, match=r'sv\.use\("threads"'), sv.record():
+    # A list indexed by the mesh coordinate: a PerRankValueError (was torch's bare AttributeError).
+    with (
+        pytest.raises(PerRankValueError, match=r'(?s)_shard_tensor_spec.py:\d+: .*sv\.use\("threads"'),
+        sv.record(),
+    ):
         ShardTensor.from_local(
             sv.per_rank(lambda r: s.a.chunk(4)[r].clone()),
             s.mesh,

@@ -279,6 +279,45 @@ def test_vocab_parallel_loss_is_refused_with_the_reason():
         cross_entropy_loss(model(tokens[0]), labels[0])
 
 
+@pytest.mark.slow
+def test_pipeline_llm_in_lockstep_names_its_per_rank_stage_index(monkeypatch):
+    # torchtitan picks each rank's stage from a list by its pp coordinate: lockstep cannot, and says
+    # where and what to do (it raised a bare AttributeError: 'LocalIntNode' ... 'int_').
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.distributed.pipeline_parallel import pipeline_llm
+
+    monkeypatch.setattr(parallel_dims, "device_type", "cpu")
+    dist_utils.set_spmd_backend("partial_dtensor")
+    p = ParallelismConfig(
+        spmd_backend="partial_dtensor",
+        pipeline_parallel_degree=2,
+        data_parallel_shard_degree=2,
+        tensor_parallel_degree=2,
+        pipeline_parallel_schedule="1F1B",
+    )
+    where = r"(?s)torchtitan/distributed/pipeline_parallel.py:\d+: .*\[stage_idx\].*sv\.use\('threads'"
+    with pytest.raises(PerRankValueError, match=where), sv.record(values="none"):
+        dims = ParallelDims.from_config(p, 8)
+        dims.build_mesh()
+        cfg = llama_config(p)
+        with torch.device("meta"):
+            model = cfg.build()
+        pipeline_llm(
+            model,
+            parallel_dims=dims,
+            training=TrainingConfig(mixed_precision_param="float32", local_batch_size=BATCH),
+            parallelism=p,
+            compile_config=CompileConfig(),
+            ac_config=None,
+            dump_folder="",
+            device=torch.device("cpu"),
+            model_config=cfg,
+            parallelize_fn=parallelize_llama,
+            loss_fn=CrossEntropyLoss(CrossEntropyLoss.Config()),
+        )
+
+
 def test_selective_activation_checkpointing_with_fsdp2_and_tp():
     # torchtitan's own per-op SAC wraps each block; it recomputes the rest in the backward.
     ref = reference()

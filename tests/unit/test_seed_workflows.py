@@ -110,9 +110,9 @@ def test_a_branch_the_ranks_disagree_on_raises(mesh4):
 
 
 def test_python_use_of_the_simulated_rank_is_explained(mesh4):
-    # A per-rank value where Python needs one int: torch's bare AttributeError, explained.
+    # A per-rank value where Python needs one int: a PerRankValueError naming the way out.
     x = torch.arange(8.0)
-    with pytest.raises(AttributeError, match=r"sv\.per_rank\(lambda rank"), sv.record():
+    with pytest.raises(PerRankValueError, match=r"sv\.per_rank\(lambda rank"), sv.record():
         x.chunk(4)[dist.get_rank()]
 
 

@@ -1,4 +1,4 @@
-"""The README's table of what each torch gives, checked on the torch this runs on (each CI tier
+"""The torch support page's table of what each torch gives, checked on the torch this runs on (each CI tier
 runs it on its own: 2.11, 2.13, 2.15)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import torch
 
 from shardviz.capture import torch as _torch
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "torch-support.md"
 HERE = ".".join(torch.__version__.split("+")[0].split(".")[:2])
 
 
 def table() -> dict[str, dict[str, str]]:
-    text = README.read_text()
+    text = PAGE.read_text()
     lines = text[text.index("| on torch |") :].splitlines()
     rows = lines[: next(i for i, line in enumerate(lines) if not line.startswith("|"))]
     head = [c.strip() for c in rows[0].strip("|").split("|")]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -58,7 +59,7 @@ def same_value(a: Any, b: Any) -> bool:
 def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
     """The widget for one ``sv.show`` call from every rank's layout and shard: plain data handed
     to the drawer, which draws it exactly as under the simulator."""
-    from ...geometry.layout import Layout
+    from ...geometry.layout import Layout, as_held
 
     ranks = sorted(payloads)
     first = payloads[ranks[0]]
@@ -72,7 +73,14 @@ def draw_show(payloads: Mapping[int, Mapping[str, Any]]) -> Any:
         return session.draw(layout, values=chunks, **dict(first.get("options") or {}))
     layout = Layout.from_dict(first["layout"])
     values = {r: payloads[r]["values"] for r in ranks if payloads[r].get("values") is not None}
-    return session.draw(layout, values=values or None, **dict(first.get("options") or {}))
+    options = dict(first.get("options") or {})
+    if len(values) == len(layout.shards):  # every rank's piece: drawn as the ranks hold them
+        layout = as_held(
+            dataclasses.replace(layout, notes=()), {r: tuple(v.shape) for r, v in values.items()}
+        )
+        if layout.notes:
+            options["values_note"] = " ".join(layout.notes)
+    return session.draw(layout, values=values or None, **options)
 
 
 def swap_markers(value: Any, widgets: Mapping[int, Any]) -> Any:

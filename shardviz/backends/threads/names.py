@@ -120,9 +120,12 @@ class Borrower:
                 "group. Make it inside sv.run(fn) or a %%spmd cell."
             )
         if isinstance(v, torch.Tensor):
-            if v.is_leaf:
-                return copy.deepcopy(v)  # a Parameter stays one, requires_grad is kept
-            return v.detach().clone().requires_grad_(v.requires_grad)
+            # Past the rank's dispatch modes: the copy stands for data a real rank already holds, so
+            # a debug mode the user's code has entered (DebugMode, CommDebugMode) must not see it.
+            with _torch.no_dispatch():
+                if v.is_leaf:
+                    return copy.deepcopy(v)  # a Parameter stays one, requires_grad is kept
+                return v.detach().clone().requires_grad_(v.requires_grad)
         if isinstance(v, list):
             return [self.value(x) for x in v]
         if isinstance(v, tuple) and not hasattr(v, "_fields"):
@@ -130,7 +133,8 @@ class Borrower:
         if isinstance(v, dict) and type(v) is dict:
             return {k: self.value(x) for k, x in v.items()}
         try:
-            return copy.deepcopy(v)
+            with _torch.no_dispatch():  # a module's tensors too (above)
+                return copy.deepcopy(v)
         except Exception:  # a lock, a generator, an open file: not copyable, shared as it is
             return v
 

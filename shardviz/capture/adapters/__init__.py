@@ -1,10 +1,13 @@
-"""Tensor types of other libraries that carry their own sharding spec (PhysicsNeMo's ShardTensor).
+"""What shardviz knows of other libraries: tensor types that carry their own sharding spec
+(PhysicsNeMo's ShardTensor), per-process singletons (accelerate's state), their traps explained.
 
 Such a tensor is not a DTensor, and its shard sizes need not follow chunking, so the views, the
 recorder and the error explainer ask its framework's adapter module for its geometry, its local
-shard and its events. Each framework has one module here, imported only once the framework itself
-is (as treescope keeps each framework in a module of its own): importing shardviz never imports
-PhysicsNeMo, and a session without it pays one dict lookup per question.
+shard and its events. A framework's singletons are made per rank thread, and its code that the
+lockstep simulator cannot run is explained by name. Each framework has one module here, imported
+only once the framework itself is (as treescope keeps each framework in a module of its own):
+importing shardviz never imports PhysicsNeMo, accelerate or transformers, and a session without
+them pays one dict lookup per question.
 
 The adapter may have to act as soon as its framework is imported, even in the middle of a
 recorded cell (PhysicsNeMo's ``DistributedManager.initialize()`` in the same cell as its import
@@ -28,11 +31,17 @@ from types import ModuleType
 from typing import Any
 
 # The framework's top-level package -> this package's module for it.
-_ADAPTERS = {"physicsnemo": "shardviz.capture.adapters.physicsnemo"}
+_ADAPTERS = {
+    "physicsnemo": "shardviz.capture.adapters.physicsnemo",
+    "accelerate": "shardviz.capture.adapters.accelerate",
+    "transformers": "shardviz.capture.adapters.transformers",
+}
 # Framework modules whose import activates their adapter (what it hooks lives there).
 _WATCHED = {
     "physicsnemo.distributed.manager": "physicsnemo",
     "physicsnemo.domain_parallel.shard_tensor": "physicsnemo",
+    "accelerate.state": "accelerate",
+    "transformers.modeling_utils": "transformers",
 }
 
 _active: dict[str, ModuleType] = {}

@@ -415,6 +415,13 @@ class Recorder(_torch.DebugMode):
                 return self._dtensor_op(func, args, kwargs or {})
             if not types and self.rank is None and not self.passive and _has_per_rank_int(args, kwargs):
                 return self._per_rank_scalar(func, args, kwargs or {})
+            if (
+                kwargs
+                and kwargs.get("generator") is not None
+                and self.rank is None
+                and not self._in_dtensor_op
+            ):
+                return _torch.one_draw_per_rank(func, args, kwargs)
             if self._tracked and not self._in_dtensor_op:
                 return self._local_op(func, args, kwargs or {})
             return self._plain(func, args, kwargs or {})

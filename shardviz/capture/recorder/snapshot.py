@@ -149,6 +149,9 @@ def per_rank(t: Any, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
     """Each rank's tensor: a LocalTensor's own, or a plain tensor for every rank."""
     if not isinstance(t, torch.Tensor):
         return {}
+    # An AsyncCollectiveTensor (what ``to_local()`` of a collective's output gives) wraps the
+    # LocalTensor of every rank: its ranks' values, never one reconciled value.
+    t = _torch.settled(t)
     local = _torch.local_tensors(t)
     if local is not None:
         return local
@@ -158,7 +161,7 @@ def per_rank(t: Any, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
 def present_ranks(ts: Sequence[torch.Tensor], world_size: int) -> list[int]:
     """The ranks the first LocalTensor holds (an incomplete group's collective runs on fewer)."""
     for t in ts:
-        local = _torch.local_tensors(t)
+        local = _torch.local_tensors(_torch.settled(t))
         if local is not None:
             return sorted(local)
     return list(range(world_size))

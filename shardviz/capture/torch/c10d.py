@@ -144,11 +144,28 @@ def settled(t: Any) -> Any:
     return t
 
 
-def fake_work() -> Any:
-    """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates)."""
-    from torch._C._distributed_c10d import FakeWork
+# The operator namespaces of communication: c10d's ops, the functional collectives, DTensor's own.
+COMMUNICATION_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem")
 
-    return dist.distributed_c10d.Work.boxed(FakeWork())
+
+def is_communication_op(func: Any) -> bool:
+    """Whether a dispatched operator communicates (a collective, a send, a wait on one)."""
+    return getattr(func, "namespace", None) in COMMUNICATION_NAMESPACES
+
+
+def fake_work(result: list[torch.Tensor] | None = None) -> Any:
+    """A finished c10d Work, boxed as c10d ops return it (for collectives shardviz emulates).
+    With ``result``, its ``get_future()`` holds those tensors, as a real process group's future
+    holds the op's outputs (DDP's reducer reads its bucket back from it); without, it holds None."""
+    if result is None:
+        from torch._C._distributed_c10d import FakeWork
+
+        return dist.distributed_c10d.Work.boxed(FakeWork())
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+    future: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    future.set_result(result)
+    return dist.distributed_c10d.Work.boxed(_create_work_from_future(future))
 
 
 # torch 2.11 and 2.12: a PREMUL_SUM ReduceOp does not expose its factor (``op.factor``, 2.13 on).

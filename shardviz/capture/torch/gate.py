@@ -22,6 +22,7 @@ _REQUIRED: dict[str, tuple[str, str | None] | list[tuple[str, str | None]]] = {
     "LocalTensor": ("torch.distributed._local_tensor", "LocalTensor"),
     "LocalTensorMode": ("torch.distributed._local_tensor", "LocalTensorMode"),
     "LocalIntNode": ("torch.distributed._local_tensor", "LocalIntNode"),
+    "ConstantIntNode": ("torch.fx.experimental._constant_symnode", "ConstantIntNode"),
     "local_tensor_mode": ("torch.distributed._local_tensor", "local_tensor_mode"),
     "StridedShard": ("torch.distributed.tensor.placement_types", "_StridedShard"),
     "DebugMode": ("torch.utils._debug_mode", "DebugMode"),
@@ -80,6 +81,7 @@ _load()
 LocalTensor = _private["LocalTensor"]
 LocalTensorMode = _private["LocalTensorMode"]
 LocalIntNode = _private["LocalIntNode"]
+ConstantIntNode = _private["ConstantIntNode"]
 StridedShard = _private["StridedShard"]
 DebugMode = _private["DebugMode"]
 if TYPE_CHECKING:  # the class itself, for type checking: P2PMode and the Recorder derive from it

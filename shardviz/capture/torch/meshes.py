@@ -17,6 +17,7 @@ from ...geometry.mesh import MeshInfo
 from ...geometry.placement import Placement
 from .gate import StridedShard, strided_split_factor
 from .modes import local_modes, no_dispatch
+from .per_rank import symint_at_rank
 from .tensors import dtype_name
 
 
@@ -156,6 +157,22 @@ def known_mesh_infos() -> list[MeshInfo]:
     return [mesh_info(m) for m in list(_live_meshes.values())]
 
 
+def live_mesh_ids() -> frozenset[int]:
+    """The ids of the meshes known alive now (to tell the ones a step builds from older ones)."""
+    return frozenset(id(m) for m in list(_live_meshes.values()))
+
+
+def meshes_since(before: frozenset[int]) -> list[tuple[tuple[int, ...], tuple[str, ...] | None, MeshGroups]]:
+    """(shape, dim names, every instance's ranks) of each mesh known alive that was not in
+    ``before``: the meshes a step built, and the ways they split the world."""
+    out = []
+    for m in list(_live_meshes.values()):
+        if id(m) not in before:
+            shape, names, _ = mesh_info(m)
+            out.append((shape, names, mesh_groups(m)))
+    return out
+
+
 def reuse_local_mode(mode: Any) -> None:
     """Prepare a LocalTensorMode for another entry, keeping its cached mesh coordinates.
 
@@ -171,22 +188,48 @@ def reuse_local_mode(mode: Any) -> None:
             del cache[key]
 
 
-def dtensor_geometry(dt: Any) -> dict[str, Any]:
-    """What the pure layout function needs to describe a DTensor."""
+def dtensor_geometry(dt: Any, shape: Sequence[int] | None = None) -> dict[str, Any]:
+    """What the pure layout function needs to describe a DTensor (``shape``: a global shape to use
+    instead of the DTensor's own, which may differ per rank)."""
     spec = dt._spec
     order = None
     so = getattr(spec, "shard_order", None)
     if so and not getattr(spec, "use_strided_shard_as_shard_order", False):
         order = {int(e.tensor_dim): tuple(int(m) for m in e.mesh_dims) for e in so}
-    return {**_spec_fields(spec, dt.shape, dt.dtype), "shard_order": order}
+    return {**_spec_fields(spec, dt.shape if shape is None else shape, dt.dtype), "shard_order": order}
 
 
 def spec_geometry(spec: Any) -> dict[str, Any] | None:
-    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames)."""
+    """What the pure layout needs, from a DTensorSpec (as found in a sharding error's frames);
+    None for a spec whose global shape differs per rank (``spec_shape_per_rank``)."""
     meta = getattr(spec, "tensor_meta", None)
-    if meta is None or not hasattr(spec, "placements"):
+    if meta is None or not hasattr(spec, "placements") or spec_shape_per_rank(spec) is not None:
         return None
     return _spec_fields(spec, meta.shape, meta.dtype)
+
+
+def dtensor_shape_per_rank(dt: Any) -> dict[int, tuple[int, ...]] | None:
+    """``spec_shape_per_rank`` of a DTensor's spec."""
+    return spec_shape_per_rank(dt._spec)
+
+
+def spec_shape_per_rank(spec: Any) -> dict[int, tuple[int, ...]] | None:
+    """Each simulated rank's global shape of a DTensorSpec whose global shape differs per rank (a
+    ``DTensor.from_local`` without ``shape=`` of uneven local tensors); None when it is one shape."""
+    meta = getattr(spec, "tensor_meta", None)
+    if meta is None:
+        return None
+    dims = [getattr(getattr(s, "node", None), "_local_ints", None) for s in meta.shape]
+    if all(d is None for d in dims):
+        return None
+    ranks = sorted(next(d for d in dims if d is not None))
+    return {
+        r: tuple(
+            int(d[r]) if d is not None else symint_at_rank(s, r)
+            for d, s in zip(dims, meta.shape, strict=True)
+        )
+        for r in ranks
+    }
 
 
 def _spec_fields(spec: Any, shape: Any, dtype: torch.dtype) -> dict[str, Any]:

@@ -158,6 +158,11 @@ class ThreadedP2P:
     def thread(self) -> int:
         return int(self._local.thread)
 
+    def live_ranks(self) -> frozenset[int] | None:
+        """The ranks the calling runner thread stands for (None outside a runner thread)."""
+        t = getattr(self._local, "thread", None)
+        return self.live[t] if t is not None else None
+
     def run(self, fn: Any, setup: Any = None) -> dict[int, Any]:
         """``setup(thread)``, if given, is a context manager entered inside the thread's
         LocalTensorMode and under the P2P mode (a recorder goes there)."""

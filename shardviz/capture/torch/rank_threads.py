@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from . import registries
+
 # torch.distributed keeps its state (the default group, group names and ranks) in one module-level
 # ``_world``, and resolves a functional collective's group name in a process-wide registry. Torch's
 # threaded test process group makes both per-thread; shardviz's rank threads use the same two
@@ -42,19 +44,102 @@ def settle_cuda_guard() -> None:
 def thread_local_c10d() -> Iterator[None]:
     """While it lasts, each thread has its own torch.distributed state: a rank thread's default
     process group, its meshes' groups and their names are its own, kept from one entry to the
-    next (they live in the thread). The notebook's own state is put back after."""
+    next (they live in the thread); and DTensor's redistribute plans are cached per rank. The
+    notebook's own state is put back after."""
+    from torch.distributed.tensor import _redistribute
     from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
 
     c10d = dist.distributed_c10d
     isolate = torch._C._distributed_c10d._set_thread_isolation_mode  # type: ignore[attr-defined]
     saved = c10d._world
+    patched = [
+        (name, getattr(_redistribute, name), per_rank(getattr(_redistribute, name)))
+        for name, per_rank in (
+            ("_gen_transform_infos", _plans_per_rank),
+            ("get_redistribute_planner", _planners_per_rank),
+        )
+        if hasattr(_redistribute, name)
+    ]
     c10d._world = ThreadLocalWorld()  # type: ignore[assignment]
+    for name, _, mine in patched:
+        setattr(_redistribute, name, mine)
     isolate(True)
     try:
         yield
     finally:
         isolate(False)
         c10d._world = saved
+        for name, original, _ in patched:
+            setattr(_redistribute, name, original)
+
+
+# DTensor caches its redistribute plans, and the planners that make them, by what holds for
+# every caller in one process: the two specs; the mesh and the tensor's metadata. A plan holds the
+# shapes the calling rank's mesh coordinate gives (an uneven piece's padding), and a planner the
+# mesh of the rank that made it (whose coordinate it reads; meshes of the same ranks compare
+# equal). Shared by the rank threads, rank 0 of a [S(0), S(0)] tensor of one row went on with
+# rank 4's coordinate and gathered its piece unpadded, where real ranks pad it. Keyed by the
+# calling rank too, they are each rank's own, as in a process of its own.
+
+
+def _planners_per_rank(original: Callable[..., Any]) -> Callable[..., Any]:
+    import weakref
+
+    from torch.distributed.tensor import _redistribute
+
+    cache: dict[tuple[Any, ...], Any] = {}
+
+    def planner(device_mesh: Any, dtensor_meta: Any) -> Any:
+        if _redistribute._are_we_tracing():
+            return original(device_mesh, dtensor_meta)
+        key = (dist.get_rank(), weakref.ref(device_mesh), dtensor_meta)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = _redistribute.DTensorRedistributePlanner(device_mesh, dtensor_meta)
+        return hit
+
+    return planner
+
+
+def _plans_per_rank(original: Callable[..., Any]) -> Callable[..., Any]:
+    from torch.distributed.tensor import _redistribute
+
+    compute = _redistribute._gen_transform_infos_non_cached
+    cache: dict[tuple[Any, ...], Any] = {}
+
+    def plans(src: Any, dst: Any, use_graph_based_transform: bool | None = None) -> Any:
+        key = (dist.get_rank(), src, dst, use_graph_based_transform)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = compute(src, dst, use_graph_based_transform)
+        return hit
+
+    plans.cache_clear = cache.clear  # type: ignore[attr-defined]  # as functools.cache has
+    return plans
+
+
+def thread_world() -> Any:
+    """This rank thread's torch.distributed world (its default group, its groups and their
+    names), for a thread it starts (``enter_thread_world``); None outside the rank threads."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    if not isinstance(dist.distributed_c10d._world, ThreadLocalWorld):
+        return None
+    world = dist.distributed_c10d._world._get_world()
+    return world, dict(world.pg_names)
+
+
+def enter_thread_world(captured: Any) -> None:
+    """In a thread a rank thread started: the same world as the rank's, and its groups
+    resolvable by name (the registry of names is per thread while the rank threads run)."""
+    from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWorld
+
+    if captured is None:
+        return
+    world, names = captured
+    ThreadLocalWorld._world.world = world
+    for pg, name in names.items():
+        torch._C._distributed_c10d._register_process_group(name, pg)
 
 
 def callback_work(wait: Callable[..., bool]) -> Any:
@@ -67,14 +152,23 @@ def callback_work(wait: Callable[..., bool]) -> Any:
 
 def process_state() -> tuple[Any, ...]:
     """What of torch's process-wide state a rank changes for itself: the CPU generator, the
-    default dtype, and DTensor's custom op handlers (``loss_parallel()`` adds its own while its
-    block lasts). Each rank thread has its own, swapped in when it runs, as if it were a process."""
+    default dtype, DTensor's custom op handlers (``loss_parallel()`` adds its own while its
+    block lasts), and the registries of ``registries`` (global module hooks, frameworks'
+    singletons, the environment). Each rank thread has its own, swapped in when it runs, as if it
+    were a process."""
     handlers = DTensor._op_dispatcher._custom_op_handlers
-    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers))
+    return (torch.get_rng_state(), torch.get_default_dtype(), handlers, dict(handlers), registries.save())
+
+
+def rank_process_state(start: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A rank's own copy of the notebook's ``process_state``: every rank starts from the same
+    state, as processes started from one script would."""
+    rng, dtype, handlers, contents, held = start
+    return (rng.clone(), dtype, handlers, dict(contents), held.for_a_rank())
 
 
 def restore_process_state(state: tuple[Any, ...]) -> None:
-    rng, dtype, handlers, contents = state
+    rng, dtype, handlers, contents, held = state
     torch.set_rng_state(rng)
     if torch.get_default_dtype() != dtype:
         torch.set_default_dtype(dtype)
@@ -84,6 +178,7 @@ def restore_process_state(state: tuple[Any, ...]) -> None:
     if handlers != contents:
         handlers.clear()
         handlers.update(contents)
+    registries.restore(held)
 
 
 RANK_BACKEND = "shardviz"

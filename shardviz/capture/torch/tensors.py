@@ -82,10 +82,24 @@ def parameters_per_rank(module: torch.nn.Module) -> list[str]:
                         if table is mod._parameters
                         else local
                     )
+                    _carry_over(t, new)
                     done[id(t)] = new
                 table[name] = new
                 names.append(f"{prefix}.{name}" if prefix else name)
     return names
+
+
+def _carry_over(old: torch.Tensor, new: torch.Tensor) -> None:
+    """What the code put on a tensor that its per-rank copy must keep: its gradient hooks (a
+    hand-written data parallel all-reduces gradients in them; they were silently lost) and its
+    Python attributes (flags such as Megatron's ``sequence_parallel``)."""
+    for k, v in old.__dict__.items():
+        if k not in new.__dict__ and not k.startswith("_sym_"):
+            new.__dict__[k] = v
+    if old._backward_hooks:
+        new._backward_hooks = old._backward_hooks
+    if getattr(old, "_post_accumulate_grad_hooks", None):
+        new._post_accumulate_grad_hooks = old._post_accumulate_grad_hooks
 
 
 def version_counter(t: torch.Tensor) -> int:
@@ -135,3 +149,44 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
     return LocalTensor(per_rank)
+
+
+def one_draw_per_rank(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """A random op given its own ``generator=`` under the lockstep simulation: every rank draws
+    from the generator's same state, as every real rank does from its own copy of it, and the
+    generator advances once. (LocalTensorMode runs the ranks one after another on the one
+    generator object, so each rank got the next rank's numbers: a silently wrong value.)"""
+    gen = kwargs["generator"]
+    state = gen.get_state()
+
+    def at(x: Any, r: int) -> Any:
+        if isinstance(x, LocalTensor):
+            return x._local_tensors[r]
+        if isinstance(x, list | tuple):
+            return type(x)(at(v, r) for v in x)
+        if isinstance(x, dict):
+            return {k: at(v, r) for k, v in x.items()}
+        return x
+
+    locals_ = [x for x in _flat((args, kwargs)) if isinstance(x, LocalTensor)]
+    with no_dispatch():
+        if not locals_:
+            return func(*args, **kwargs)  # a plain tensor: the same numbers on every rank
+        outs: dict[int, Any] = {}
+        for r in sorted(locals_[0]._local_tensors):
+            gen.set_state(state)
+            outs[r] = func(*at(args, r), **at(kwargs, r))
+    first = next(iter(outs.values()))
+    if isinstance(first, torch.Tensor):
+        if args and isinstance(args[0], LocalTensor) and all(o is at(args, r)[0] for r, o in outs.items()):
+            return args[0]  # an in-place op (uniform_, bernoulli_): each rank wrote its own tensor
+        return LocalTensor(outs)
+    return first
+
+
+def _flat(x: Any) -> list[Any]:
+    if isinstance(x, list | tuple):
+        return [y for v in x for y in _flat(v)]
+    if isinstance(x, dict):
+        return [y for v in x.values() for y in _flat(v)]
+    return [x]

@@ -31,14 +31,24 @@ from .run import (
     PHASES,
     Entry,
     EventNote,
+    MeshSplit,
     RawCapture,
     RawTensor,
     RowKey,
     StepNumerics,
     build_run,
     merge_raw,
+    rounding_errors,
 )
-from .tolerance import EXACT, TOLERANCES, Tolerance, ToleranceSpec, check_tolerance, tolerance_for
+from .tolerance import (
+    EXACT,
+    TOLERANCES,
+    Tolerance,
+    ToleranceSpec,
+    check_tolerance,
+    precision,
+    tolerance_for,
+)
 
 __all__ = [
     "EXACT",
@@ -52,6 +62,7 @@ __all__ = [
     "Disagreement",
     "Entry",
     "EventNote",
+    "MeshSplit",
     "NumericsReport",
     "RawCapture",
     "RawTensor",
@@ -67,5 +78,7 @@ __all__ = [
     "describe_row",
     "infer",
     "merge_raw",
+    "precision",
+    "rounding_errors",
     "tolerance_for",
 ]

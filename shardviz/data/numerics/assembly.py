@@ -7,6 +7,7 @@ finds the split of the run's meshes that its local shapes fit, and says when non
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -18,10 +19,10 @@ from ...geometry.layout import Layout
 from ...geometry.layout import compute as _compute_layout
 from ...geometry.placement import parse
 from .text import number, rank_ranges
-from .tolerance import EXACT, Tolerance, absdiff, close, widened
+from .tolerance import EXACT, Tolerance, absdiff, close, same, widened
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Disagreement:
     """Copies of one value that should be equal and are not: ``groups`` are the ranks that agree
     with each other, largest group first; ``max_abs`` the largest difference from the first
@@ -33,7 +34,10 @@ class Disagreement:
     index: tuple[int, ...]
     # Each group's value, for a whole-tensor comparison (a plain tensor or the groups of a sub-mesh):
     # copies that add up to the reference are a Partial value read as if it were replicated.
-    values: tuple[np.ndarray, ...] = field(default=(), repr=False, compare=False)
+    values: tuple[np.ndarray, ...] = field(default=(), repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        return same(self, other)
 
     def __str__(self) -> str:
         def who(g: tuple[int, ...]) -> str:
@@ -227,14 +231,60 @@ def assemble(layout: Layout, values: Mapping[int, np.ndarray], tol: Tolerance = 
     return Assembled(full, layout, notes=tuple(notes), disagreements=tuple(findings))
 
 
+def across_groups(
+    layout: Layout, values: Mapping[int, np.ndarray], ref_shape: Sequence[int], tol: Tolerance
+) -> Assembled | None:
+    """A DTensor on a sub-mesh whose groups each hold their own rows (data parallel over the other
+    mesh dims: each dp group's tensor-parallel DTensor is its part of the batch): the groups
+    stacked along the one dim where the reference is ``len(groups)`` times larger, as a layout
+    with the groups as an outer mesh dim. None when the shapes do not say so."""
+    k = len(layout.groups)
+    shape = layout.global_shape
+    ref = tuple(int(x) for x in ref_shape)
+    if k < 2 or len(ref) != len(shape):
+        return None
+    dims = [d for d, (a, b) in enumerate(zip(shape, ref, strict=True)) if a != b]
+    if len(dims) != 1 or ref[dims[0]] != k * shape[dims[0]]:
+        return None
+    (d,) = dims
+    names = layout.mesh_dim_names or tuple(f"mesh dim {m}" for m in range(len(layout.mesh_shape)))
+    try:
+        stacked = _compute_layout(
+            ref,
+            (k, *layout.mesh_shape),
+            [f"S({d})", *layout.placements],
+            ("groups", *names),
+            dtype=layout.dtype,
+            mesh_ranks=tuple(r for g in layout.groups for r in g),
+        )
+    except ValueError:
+        return None
+    if any(tuple(np.asarray(values[s.rank]).shape) != s.shape for s in stacked.shards if s.rank in values):
+        return None
+    got = assemble(stacked, values, tol)
+    if got.full is None:
+        return None
+    note = (
+        f"each of the {k} groups of the {'x'.join(map(str, layout.mesh_shape))} sub-mesh holds its own "
+        f"rows (data parallel over the other mesh dims): assembled along dim {d} over the groups"
+    )
+    return dataclasses.replace(got, inferred=True, notes=(note, *got.notes))
+
+
 # One way to split the world: the groups along one mesh dim (or a whole mesh flattened), each
 # group's ranks in coordinate order.
 Axis = tuple[str, int, tuple[tuple[int, ...], ...]]
 
 
-def axes(layouts: Iterable[Layout]) -> list[Axis]:
-    """Every mesh dim of the meshes these layouts live on (and each multi-dim mesh flattened), as
-    the groups of ranks along it across the world: the ways a plain local tensor may be split."""
+def axes(
+    layouts: Iterable[Layout],
+    meshes: Iterable[tuple[tuple[int, ...], tuple[str, ...] | None, tuple[tuple[int, ...], ...]]] = (),
+    collectives: Iterable[tuple[str, tuple[tuple[int, ...], ...]]] = (),
+) -> list[Axis]:
+    """Every mesh dim of the meshes these layouts live on and of ``meshes`` ((shape, dim names,
+    every instance's ranks): the meshes a step built), each multi-dim mesh flattened too, and
+    ``collectives`` (name, rank groups: a collective's), as the groups of ranks along each across the
+    world: the ways a plain local tensor may be split."""
     out: list[Axis] = []
     seen: set[tuple[tuple[int, ...], ...]] = set()
 
@@ -244,8 +294,9 @@ def axes(layouts: Iterable[Layout]) -> list[Axis]:
             seen.add(key)
             out.append((name, len(groups[0]), groups))
 
-    meshes = {(lay.mesh_shape, lay.mesh_dim_names, lay.instances) for lay in layouts}
-    for shape, names, instances in sorted(meshes, key=lambda m: (len(m[0]), m[0], str(m[1]))):
+    known = {(lay.mesh_shape, lay.mesh_dim_names, lay.instances) for lay in layouts}
+    known |= {(tuple(s), tuple(n) if n else None, tuple(tuple(g) for g in i)) for s, n, i in meshes}
+    for shape, names, instances in sorted(known, key=lambda m: (len(m[0]), m[0], str(m[1]))):
         coords = _mesh.coords(shape)
         for m in range(len(shape)):
             groups: list[tuple[int, ...]] = []
@@ -260,6 +311,8 @@ def axes(layouts: Iterable[Layout]) -> list[Axis]:
                 f"({', '.join(names)})" if names else "the whole mesh",
                 tuple(tuple(inst) for inst in instances),
             )
+    for name, gs in collectives:
+        add(name, gs)
     return out
 
 
@@ -268,11 +321,16 @@ def infer(
     values: Mapping[int, np.ndarray],
     candidates: Sequence[Axis],
     tol: Tolerance,
+    meshes: Sequence[MeshOf] = (),
+    batch: str | None = None,
 ) -> Assembled:
     """A plain per-rank tensor's full value when its local shapes show it is split along one tensor
     dim over one mesh dim of the run (``axes``), as tensor-parallel code hands a module its local
-    shard; every fit is assembled, and one that leaves replicas disagreeing loses to one that
-    does not. No fit, or fits that give different tensors, is a problem, never a guess."""
+    shard, or along several tensor dims over as many dims of one of the run's ``meshes`` (a data
+    and tensor parallel activation: rows over dp, features over tp); every fit is assembled, and
+    one that leaves replicas disagreeing loses to one that does not; where shapes alone fit
+    several, the one splitting dim 0 over ``batch`` (the mesh dim that split the model's input
+    rows) wins. No fit, or fits that give different tensors, is a problem, never a guess."""
     shape = tuple(int(s) for s in global_shape)
     shapes = {r: tuple(np.asarray(v).shape) for r, v in values.items()}
     dims = sorted(
@@ -285,6 +343,10 @@ def infer(
         }
     )
     local_shapes = sorted(set(shapes.values()))
+    if len(dims) > 1 and all(len(s) == len(shape) for s in shapes.values()):
+        return _pick(
+            _multi_fits(shape, values, shapes, dims, meshes, tol), shape, dims, local_shapes, tol, batch
+        )
     if len(dims) != 1 or any(len(s) != len(shape) for s in shapes.values()):
         return Assembled(
             None,
@@ -307,20 +369,105 @@ def infer(
             groups=groups if len(groups) > 1 else None,
             mesh_ranks=groups[0],
         )
+        how = ""
+        if not all(s.shape == shapes[s.rank] for s in lay.shards):
+            # Not torch.chunk's sizes: pieces cut in coordinate order with sizes of their own
+            # (torch.tensor_split's 3, 3, 2, 2 of 10), the same in every group.
+            sizes = {tuple(shapes[r][dim] for r in g) for g in groups}
+            if len(sizes) != 1 or sum(next(iter(sizes))) != shape[dim]:
+                continue
+            (cut,) = sizes
+            lay = _compute_layout(
+                shape,
+                (size,),
+                [f"S({dim})"],
+                (name,),
+                groups=groups if len(groups) > 1 else None,
+                mesh_ranks=groups[0],
+                shard_sizes={0: cut},
+            )
+            how = f", in pieces of {', '.join(map(str, cut))} in rank order"
         if all(s.shape == shapes[s.rank] for s in lay.shards):
             got = assemble(lay, values, tol)
             if got.full is not None:
-                note = f"layout inferred from shapes: split along dim {dim} over {name} ({size})"
+                note = f"layout inferred from shapes: split along dim {dim} over {name} ({size}){how}"
                 fits.append(dataclasses.replace(got, inferred=True, notes=(note, *got.notes)))
+    return _pick(fits, shape, dims, local_shapes, tol, batch)
+
+
+def batch_axis(layout: Layout | None) -> str | None:
+    """The name of the mesh dim that splits tensor dim 0 of ``layout`` (the batch, for data
+    parallel), or None."""
+    if layout is None:
+        return None
+    for m, p in enumerate(layout.placements):
+        if p == "S(0)":
+            return layout.dim_name(m)
+    return None
+
+
+# A mesh as the ways it splits the world: (mesh shape, dim names, every instance's global ranks).
+MeshOf = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[tuple[int, ...], ...]]
+
+
+def _multi_fits(
+    shape: tuple[int, ...],
+    values: Mapping[int, np.ndarray],
+    shapes: Mapping[int, tuple[int, ...]],
+    dims: Sequence[int],
+    meshes: Sequence[MeshOf],
+    tol: Tolerance,
+) -> list[Assembled]:
+    """Layouts that split each of ``dims`` over its own dim of one mesh (chunked), which the local
+    shapes fit."""
+    fits: list[Assembled] = []
+    for mshape, names, instances in meshes:
+        if len(mshape) < len(dims) or {r for g in instances for r in g} != set(values):
+            continue
+        for assign in itertools.permutations(range(len(mshape)), len(dims)):
+            placements = ["R"] * len(mshape)
+            for d, m in zip(dims, assign, strict=True):
+                placements[m] = f"S({d})"
+            lay = _compute_layout(
+                shape,
+                mshape,
+                placements,
+                names,
+                groups=instances if len(instances) > 1 else None,
+                mesh_ranks=instances[0],
+            )
+            if all(sh.shape == shapes[sh.rank] for sh in lay.shards):
+                got = assemble(lay, values, tol)
+                if got.full is not None:
+                    where = ", ".join(
+                        f"dim {d} over {lay.dim_name(m)}" for d, m in zip(dims, assign, strict=True)
+                    )
+                    note = f"layout inferred from shapes: split along {where}"
+                    fits.append(dataclasses.replace(got, inferred=True, notes=(note, *got.notes)))
+    return fits
+
+
+def _pick(
+    fits: list[Assembled],
+    shape: tuple[int, ...],
+    dims: Sequence[int],
+    local_shapes: Sequence[tuple[int, ...]],
+    tol: Tolerance,
+    batch: str | None = None,
+) -> Assembled:
+    """The one full tensor the fits agree on, or a problem."""
+    which = " and ".join(f"dim {d}" for d in dims)
     if not fits:
         return Assembled(
             None,
             None,
             problem=f"plain local tensors of shape {' / '.join(map(str, local_shapes))} where the reference "
-            f"has {shape}: no mesh dim of this run splits dim {dim} that way (return a DTensor to compare "
+            f"has {shape}: no mesh dim of this run splits {which} that way (return a DTensor to compare "
             "it)",
         )
     clean = [f for f in fits if not f.disagreements] or fits
+    if batch is not None and len(clean) > 1:
+        clean = [f for f in clean if batch_axis(f.layout) == batch] or clean
     first = clean[0]
     assert first.full is not None
     for other in clean[1:]:
@@ -329,7 +476,7 @@ def infer(
             return Assembled(
                 None,
                 None,
-                problem=f"plain local tensors split along dim {dim}, but by shape alone they fit both "
+                problem=f"plain local tensors split along {which}, but by shape alone they fit both "
                 f"{first.layout.mesh_dim_names} and {other.layout.mesh_dim_names}, which give different "
                 "tensors (return a DTensor to compare it)",
             )

@@ -4,20 +4,22 @@ how a report reads as text: its summary, its module tree as a table, a differing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...geometry.layout import Layout
 from .assembly import Disagreement
+from .report_write import save_report
 from .run import KINDS, EventNote, RowKey
 from .text import STATUS_TEXT, number, rank_ranges, shape_text, value_text
-from .tolerance import Tolerance, ToleranceSpec
+from .tolerance import Tolerance, ToleranceSpec, same
 
 STATUSES = ("ok", "differs", "replicas", "shape", "unassembled", "missing")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class DiffRow:
     """One row of the report: a tensor of the parallel run against the reference's.
 
@@ -54,6 +56,9 @@ class DiffRow:
     inferred: bool = False
     error: np.ndarray | None = None
 
+    def __eq__(self, other: object) -> bool:
+        return same(self, other)
+
     @property
     def phase(self) -> str:
         return self.key.phase
@@ -84,7 +89,7 @@ class DiffRow:
         return f"{self.module} {self.phase} {self.what}: {self.status}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class NumericsReport:
     """Where a parallel run of a training step leaves a reference run, row by row.
 
@@ -103,21 +108,35 @@ class NumericsReport:
     tolerance: ToleranceSpec = None
     # The parallel run's Trace (event ids in the rows are its ids): sv.play(report.trace, step=...).
     trace: Any = field(default=None, repr=False, compare=False)
+    notes: tuple[str, ...] = ()  # about the comparison as a whole (a forward-only step)
+
+    def __eq__(self, other: object) -> bool:
+        return same(self, other)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report (with the parallel run's trace) to ``path``: JSON and numpy arrays in one
+        zip, as a trace file, never pickle; ``sv.load(path)`` reads it back equal."""
+        return save_report(self, path)
 
     @property
     def differences(self) -> list[DiffRow]:
+        """Every finding (beyond tolerance, copies that disagree, another shape), in the order the
+        parallel step ran them."""
         return [r for r in self.rows if r.differs]
 
     @property
     def unassembled(self) -> list[DiffRow]:
+        """Rows whose full tensor could not be put together from the ranks' shards (each says why)."""
         return [r for r in self.rows if r.status == "unassembled"]
 
     @property
     def missing(self) -> list[DiffRow]:
+        """Rows that are in one run only (a module called on one side only, say)."""
         return [r for r in self.rows if r.status == "missing"]
 
     @property
     def first(self) -> DiffRow | None:
+        """The first finding: where the parallel run first leaves the reference (None: nowhere)."""
         for r in self.rows:
             if r.differs:
                 return r
@@ -173,6 +192,7 @@ class NumericsReport:
                 lines.append(
                     f"then {len(later)} more row{'s' if len(later) != 1 else ''} differ: {names}{more}"
                 )
+        lines += [f"note: {n}" for n in self.notes]
         if self.unassembled:
             names = ", ".join(f"{r.module} {r.phase} {r.what}" for r in self.unassembled[:3])
             lines.append(f"not assembled: {len(self.unassembled)} row(s) ({names}); see their notes")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...geometry.layout import Layout
 from ...geometry.layout import compute as _compute_layout
-from .assembly import Assembled, Axis, Disagreement, assemble, axes, infer
+from .assembly import Assembled, Axis, Disagreement, across_groups, assemble, axes, batch_axis, infer
 from .tolerance import Tolerance, ToleranceSpec, tolerance_for
 
 # What a row holds, and the phase of the step it belongs to.
@@ -69,6 +69,11 @@ class RawTensor:
     values: Mapping[int | None, np.ndarray]
     layout: Layout | None = None
     events: tuple[int, int] | None = None  # trace event ids [start, end) while it was computed
+    problem: str | None = None  # why no full tensor can be made of it, seen while capturing
+
+
+# A mesh as the ways it splits the world: (mesh shape, dim names, every instance's global ranks).
+MeshSplit = tuple[tuple[int, ...], tuple[str, ...] | None, tuple[tuple[int, ...], ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,8 @@ class RawCapture:
     modules: tuple[tuple[str, str], ...]  # (path, class name), in the module tree's order
     tensors: tuple[RawTensor, ...]
     nbytes: int = 0
+    notes: tuple[str, ...] = ()  # about the run as a whole (a forward-only step)
+    meshes: tuple[MeshSplit, ...] = ()  # the meshes the step built
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +137,10 @@ class StepNumerics:
     entries: Mapping[RowKey, Entry]
     events: Mapping[int, EventNote] = field(default_factory=dict)
     trace: Any = None
+    notes: tuple[str, ...] = ()
+    # Each row's rounding error, measured against the same step in float64 (a reference run in a
+    # dtype below float32 carries it): what the tolerance allows beyond the dtype's rule.
+    rounding: Mapping[RowKey, float] = field(default_factory=dict)
 
     def __getitem__(self, key: RowKey) -> Entry:
         return self.entries[key]
@@ -165,6 +176,24 @@ class StepNumerics:
         return "\n".join(lines)
 
 
+def rounding_errors(run: StepNumerics, exact: StepNumerics) -> dict[RowKey, float]:
+    """Each float row's largest difference between ``run`` and the same step computed in float64
+    (``exact``), over the elements finite in both: how far the run's own rounding took it."""
+    out: dict[RowKey, float] = {}
+    for key, e in run.entries.items():
+        x = exact.entries.get(key)
+        if e.full is None or x is None or x.full is None or e.full.shape != x.full.shape:
+            continue
+        a, b = np.asarray(e.full), np.asarray(x.full)
+        if a.dtype.kind not in "fc" or not a.size:
+            continue
+        a, b = a.astype(np.complex128 if a.dtype.kind == "c" else np.float64), b.astype(np.float64)
+        both = np.isfinite(a) & np.isfinite(b)
+        if both.any():
+            out[key] = float(np.abs(a[both] - b[both]).max())
+    return out
+
+
 def merge_raw(raws: Sequence[RawCapture]) -> RawCapture:
     """One capture from every process's (real ranks each report their own pieces)."""
     if not raws:
@@ -191,6 +220,8 @@ def merge_raw(raws: Sequence[RawCapture]) -> RawCapture:
         modules=tuple(modules),
         tensors=tuple(sorted(by_key.values(), key=lambda t: t.order)),
         nbytes=sum(r.nbytes for r in raws),
+        notes=tuple(dict.fromkeys(n for r in raws for n in r.notes)),
+        meshes=tuple(dict.fromkeys(m for r in raws for m in r.meshes)),
     )
 
 
@@ -207,19 +238,31 @@ def build_run(
     which a plain local tensor's layout is inferred (see ``infer``)."""
     world = raw.world_size
     layouts = [t.layout for t in raw.tensors if t.layout is not None]
-    candidates = axes(layouts)
+    candidates = axes(layouts, raw.meshes, _trace_groups(trace, world))
+    meshes = sorted(
+        {(lay.mesh_shape, lay.mesh_dim_names, lay.instances) for lay in layouts} | set(raw.meshes),
+        key=lambda m: (len(m[0]), m[0], str(m[1])),
+    )
     entries: dict[RowKey, Entry] = {}
+    batch: str | None = None  # the mesh dim that split the model's input rows
     for t in raw.tensors:
         tol = tolerance_for(t.dtype, tolerance)
         values = _per_rank(t.values, world)
         base = Entry(t.key, t.order, t.dtype, None, events=t.events)
-        if t.layout is not None:
+        if t.problem is not None:
+            got = Assembled(None, None, problem=t.problem)
+        elif t.layout is not None:
             got = assemble(t.layout, values, tol)
+            ref_shape = (shapes or {}).get(t.key)
+            if ref_shape is not None and tuple(ref_shape) != t.layout.global_shape and t.layout.groups:
+                got = across_groups(t.layout, values, ref_shape, tol) or got
         elif world == 1:
             (v,) = values.values()
             got = Assembled(np.asarray(v), None)
         else:
-            got = _plain(values, world, (shapes or {}).get(t.key), candidates, tol)
+            got = _plain(values, world, (shapes or {}).get(t.key), candidates, tol, meshes, batch)
+            if batch is None and got.inferred and t.key.kind == "input":
+                batch = batch_axis(got.layout)
         entries[t.key] = dataclasses.replace(
             base,
             full=got.full,
@@ -229,7 +272,23 @@ def build_run(
             disagreements=got.disagreements,
             problem=got.problem,
         )
-    return StepNumerics(label, world, raw.root, raw.modules, entries, dict(events or {}), trace)
+    return StepNumerics(label, world, raw.root, raw.modules, entries, dict(events or {}), trace, raw.notes)
+
+
+def _trace_groups(trace: Any, world: int) -> list[tuple[str, tuple[tuple[int, ...], ...]]]:
+    """The rank groups of the run's collectives that split the whole world in equal parts (a
+    hand-written data parallel's gradient all-reduce): ways a plain local tensor may be split,
+    where the run built no mesh shardviz saw (real ranks)."""
+    out: list[tuple[str, tuple[tuple[int, ...], ...]]] = []
+    for e in getattr(trace, "events", ()):
+        groups = getattr(e, "groups", None)
+        if not groups or len({len(g) for g in groups}) != 1:
+            continue
+        if sorted(r for g in groups for r in g) != list(range(world)):
+            continue
+        name = getattr(e, "mesh_dim_name", None) or f"the groups of {len(groups[0])} ranks"
+        out.append((name, tuple(tuple(g) for g in groups)))
+    return out
 
 
 def _per_rank(values: Mapping[int | None, np.ndarray], world: int) -> dict[int, np.ndarray]:
@@ -247,6 +306,8 @@ def _plain(
     ref_shape: tuple[int, ...] | None,
     candidates: Sequence[Axis],
     tol: Tolerance,
+    meshes: Sequence[MeshSplit] = (),
+    batch: str | None = None,
 ) -> Assembled:
     """A plain tensor of a parallel run: the same on every rank (checked), or a local shard."""
     shapes = {tuple(np.asarray(v).shape) for v in values.values()}
@@ -268,4 +329,4 @@ def _plain(
             problem=f"plain local tensors of different shapes ({', '.join(map(str, sorted(shapes)))}) and no "
             "reference shape to lay them out in",
         )
-    return infer(ref_shape, values, candidates, tol)
+    return infer(ref_shape, values, candidates, tol, meshes, batch)

@@ -7,6 +7,7 @@ both hold copies to the same rule.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,18 +17,41 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class Tolerance:
-    """When two values of one row count as equal: ``|a - b| <= atol * scale + rtol * |b|``, where
-    ``b`` is the reference and ``scale`` the largest ``|b|`` in the tensor. ``atol`` is relative to
-    the tensor's scale so that a gradient of size 1e-4 and an activation of size 10 are held to the
-    same relative precision; zero for both means exact (integers, booleans)."""
+    """When two values of one row count as equal: ``|a - b| <= atol * S + rtol * |b| + floor``,
+    where ``b`` is the reference and ``S`` the largest ``|b|`` in the tensor, or ``scale`` when
+    that is larger. ``atol`` is relative to the tensor's scale so that a gradient of size 1e-4 and
+    an activation of size 10 are held to the same relative precision; zero for both means exact
+    (integers, booleans).
+
+    Built by ``sv.diff`` for each row (``comparison.row_tolerance``): ``dtype`` is the least
+    precise dtype the value was computed from, ``scale`` the magnitude of what produced it (the
+    inputs of a reduction, whose rounding grows with them, not with its result), ``floor`` a
+    multiple of the reference's own rounding error, measured against a float64 run."""
 
     rtol: float
     atol: float
+    scale: float | None = None
+    floor: float = 0.0
+    dtype: str | None = None  # the dtype of computation, when it is not the row's own
 
     def __str__(self) -> str:
-        if not self.rtol and not self.atol:
+        if not self.rtol and not self.atol and not self.floor:
             return "exact"
-        return f"rtol {self.rtol:g}, atol {self.atol:g} x max|ref|"
+        of = "max|ref|" if self.scale is None else f"{self.scale:.3g} (the scale of its inputs)"
+        text = f"rtol {self.rtol:g}, atol {self.atol:g} x {of}"
+        if self.floor:
+            text += f" + {self.floor:.2g} (the reference's own rounding, x{ROUNDING_MARGIN:g})"
+        return text
+
+    def bound_scale(self, b: np.ndarray) -> float:
+        """What ``atol`` is relative to: the tensor's largest finite ``|b|``, or ``scale``."""
+        own = _scale(b)
+        return own if self.scale is None else max(own, self.scale)
+
+
+# The reference's rounding error (against float64) is allowed this many times over: the parallel
+# run rounds as often, in another order.
+ROUNDING_MARGIN = 4.0
 
 
 # Float reductions reordered across ranks (a sharded matmul, a reduce-scatter) differ from a
@@ -95,7 +119,33 @@ def check_tolerance(spec: ToleranceSpec) -> None:
 def looser(a: Tolerance | None, b: Tolerance | None) -> Tolerance:
     if a is None or b is None:
         return a or b or EXACT
-    return Tolerance(max(a.rtol, b.rtol), max(a.atol, b.atol))
+    scales = [s for s in (a.scale, b.scale) if s is not None]
+    return Tolerance(
+        max(a.rtol, b.rtol),
+        max(a.atol, b.atol),
+        max(scales) if scales else None,
+        max(a.floor, b.floor),
+        a.dtype or b.dtype,
+    )
+
+
+# Significand bits: which of two float dtypes is less precise.
+_PRECISION = {
+    "float64": 52,
+    "complex128": 52,
+    "float32": 23,
+    "complex64": 23,
+    "float16": 10,
+    "complex32": 10,
+    "bfloat16": 7,
+}
+
+
+def precision(dtype: str) -> int | None:
+    """The significand bits of a float dtype (None for integers and booleans)."""
+    if dtype in _PRECISION:
+        return _PRECISION[dtype]
+    return 3 if dtype.startswith("float8") else None
 
 
 def widened(a: np.ndarray) -> np.ndarray:
@@ -108,14 +158,16 @@ def widened(a: np.ndarray) -> np.ndarray:
 
 
 def close(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> np.ndarray:
-    """Element-wise: is ``a`` within ``tol`` of the reference ``b`` (NaN equals NaN)."""
+    """Element-wise: is ``a`` within ``tol`` of the reference ``b`` (NaN equals NaN, an infinity
+    the same infinity)."""
     if (a.dtype.kind in "biu" and b.dtype.kind in "biu") or (not tol.rtol and not tol.atol):
         with np.errstate(invalid="ignore"):
             return (a == b) | (_isnan(a) & _isnan(b))
     diff = absdiff(a, b)
-    scale = _scale(b)
+    scale = tol.bound_scale(b)
     with np.errstate(invalid="ignore"):
-        return diff <= tol.atol * scale + tol.rtol * np.abs(b)
+        # diff == 0 where both hold NaN or the same infinity (whose bound is NaN or inf).
+        return (diff <= tol.atol * scale + tol.rtol * np.abs(widened(b)) + tol.floor) | (diff == 0)
 
 
 def _isnan(a: np.ndarray) -> np.ndarray:
@@ -159,9 +211,9 @@ def _runs(idx: np.ndarray) -> tuple[tuple[int, int], ...]:
 def error_stats(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> dict[str, Any]:
     """The numbers of a comparison: max abs / rel error, the worst element, which differ."""
     diff = absdiff(got, want)
-    scale = _scale(want)
+    scale = tol.bound_scale(want)
     absw = np.abs(widened(want)).astype(np.float64)
-    bound = tol.atol * scale + tol.rtol * absw
+    bound = tol.atol * scale + tol.rtol * absw + tol.floor
     with np.errstate(divide="ignore", invalid="ignore"):
         units = np.where(bound > 0, diff / np.where(bound > 0, bound, 1), np.where(diff > 0, np.inf, 0.0))
         rel = diff / np.maximum(absw, max(tol.atol * scale, np.finfo(np.float64).tiny))
@@ -190,3 +242,25 @@ def error_stats(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> dict[str, 
 def _item(a: np.ndarray, index: tuple[int, ...]) -> Any:
     v = a[index] if index else a[()]
     return v.item() if hasattr(v, "item") else v
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as saved and loaded: arrays by shape, dtype and values (NaN equal to NaN), floats with
+    NaN equal to NaN, containers and dataclasses field by field."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(same(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        if type(a) is not type(b):
+            return False
+        return all(same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a) if f.compare)
+    return bool(a == b)

@@ -1,9 +1,10 @@
-"""README.md's Python blocks, read and run as a reader would run them (``tests/test_readme.py``).
+"""The Python blocks of README.md and of the documentation's pages, read and run as a reader would
+run them (``tests/test_docs.py``).
 
-Reading: a ``## `` heading starts a section, and the section's ```` ```python ```` blocks run in
-order, in one fresh IPython shell of their own (a fresh process per section, so that every
-section holds its own imports and data; a block starting with ``%`` is a magic, as in a
-notebook). A block shows output in one of two ways, and that output is compared:
+Reading: a page's ```` ```python ```` blocks run in order, in one fresh IPython shell of their own
+(a fresh process per page, so that every page holds its own imports and data; a block starting
+with ``%`` is a magic, as in a notebook); a block is named by its page, its line and the heading
+above it. A block shows output in one of two ways, and that output is compared:
 
 - an output block right after it (```` ``` ```` or ```` ```text ````, nothing but blank lines
   between): what the whole block prints on stdout (warnings on stderr are not compared), the
@@ -17,8 +18,8 @@ expected line that is ``...`` alone (indented or not) stands for any number of l
 A block that cannot run here (nccl on GPUs, several machines, Slurm) has an HTML comment on the
 line before it: ``<!-- not run: needs GPUs (nccl) -->``. The test lists those blocks by name.
 
-Run as a script (``python tests/readme.py CELLS.json RESULTS.json``) it executes the cells of one
-section and writes, per cell, what it printed and the error it raised, if any.
+Run as a script (``python tests/docblocks.py CELLS.json RESULTS.json``) it executes the cells of
+one page and writes, per cell, what it printed and the error it raised, if any.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FENCE = re.compile(r"^```(\S*)\s*$")
+FENCE = re.compile(r"^```(\S*)(?:\s.*)?$")  # the language, then a directive's arguments (MyST)
+HEADING = re.compile(r"^#{1,6} (.+)$")
 NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.+?)\s*-->\s*$")
 ELLIPSIS = "..."
 
@@ -44,8 +46,9 @@ class Cell:
 
 @dataclass
 class Block:
-    section: str
-    line: int  # 1-based line of the opening fence in README.md
+    page: str  # the file, relative to the repository (README.md, docs/howto/...)
+    section: str  # the heading the block is under
+    line: int  # 1-based line of the opening fence
     code: str
     expected: str | None = None
     not_run: str | None = None
@@ -54,7 +57,7 @@ class Block:
     @property
     def name(self) -> str:
         first = next((s for s in self.code.splitlines() if s.strip()), "")
-        return f"README.md:{self.line} ({self.section}): {first.strip()[:60]}"
+        return f"{self.page}:{self.line} ({self.section}): {first.strip()[:60]}"
 
 
 def _doctest_cells(code: str) -> list[Cell] | None:
@@ -84,8 +87,8 @@ def _doctest_cells(code: str) -> list[Cell] | None:
     return cells
 
 
-def parse(text: str) -> list[Block]:
-    """Every ``python`` block of a README, with its section, output and ``not run`` reason."""
+def parse(text: str, page: str = "") -> list[Block]:
+    """Every ``python`` block of a page, with its heading, output and ``not run`` reason."""
     lines = text.splitlines()
     blocks: list[Block] = []
     section = ""
@@ -93,8 +96,9 @@ def parse(text: str) -> list[Block]:
     previous: Block | None = None  # the last python block, while only blank lines follow it
     while i < len(lines):
         line = lines[i]
-        if line.startswith("## "):
-            section = line[3:].strip()
+        h = HEADING.match(line)
+        if h:
+            section = h.group(1).strip()
             previous = None
         m = FENCE.match(line)
         if not m:
@@ -110,7 +114,7 @@ def parse(text: str) -> list[Block]:
         if lang == "python":
             marker = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
             nm = NOT_RUN.match(marker.strip())
-            block = Block(section, i + 1, body, not_run=nm.group(1) if nm else None)
+            block = Block(page, section, i + 1, body, not_run=nm.group(1) if nm else None)
             block.cells = _doctest_cells(body) or [Cell(body, None)]
             blocks.append(block)
             previous = block
@@ -124,10 +128,19 @@ def parse(text: str) -> list[Block]:
     return blocks
 
 
-def sections(blocks: list[Block]) -> dict[str, list[Block]]:
-    out: dict[str, list[Block]] = {}
-    for b in blocks:
-        out.setdefault(b.section, []).append(b)
+def fences(text: str) -> list[tuple[int, str]]:
+    """(line, language) of every fenced block of a page, Python or not."""
+    out = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m:
+            out.append((i + 1, m.group(1)))
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                i += 1
+        i += 1
     return out
 
 
