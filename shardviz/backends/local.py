@@ -54,6 +54,9 @@ class LocalBackend:
         self._mode = _torch.new_local_mode(self.world_size, self.engine)
 
     def key(self) -> tuple[Any, ...]:
+        # the default engine keeps the key it always had (sv.use with the same arguments is a no-op)
+        if self.engine == "lockstep":
+            return ("local", self.world_size)
         return ("local", self.world_size, ("engine", self.engine))
 
     def device_type(self) -> str:

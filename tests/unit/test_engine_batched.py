@@ -158,3 +158,17 @@ def test_engine_switch_and_default():
     assert again.engine == "batched"
     sv.use("local", world_size=2, engine="lockstep")
     assert choose.current().engine == "lockstep"
+
+
+def test_an_engine_named_in_sv_use_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("SHARDVIZ_ENGINE", "batched")
+    try:
+        sv.use("local", world_size=2, engine="lockstep")
+        assert choose.current().engine == "lockstep"
+        assert choose.current().key() == ("local", 2)  # the key the lockstep backend always had
+        sv.use("local", world_size=2)  # the environment's engine: another backend
+        assert choose.current().engine == "batched"
+        assert choose.current().key() == ("local", 2, ("engine", "batched"))
+    finally:
+        monkeypatch.delenv("SHARDVIZ_ENGINE")
+        sv.use("local")
