@@ -72,7 +72,9 @@ def table_of(group: Any, world: int) -> GroupTable | None:
     hit = _tables.get(key, FALLBACK)
     if hit is not FALLBACK:
         return hit  # type: ignore[return-value]
-    ranks, offsets, _ = _lt_c10d._prepare_collective_groups(pg)
+    # (ranks from the group's first, the groups' first ranks) on every torch; 2.13 adds the offset
+    prepared = _lt_c10d._prepare_collective_groups(pg)
+    ranks, offsets = prepared[0], prepared[1]
     found = table_for([[o + r for r in ranks] for o in offsets], world)
     if len(_tables) < 1024:
         _tables[key] = found
