@@ -19,6 +19,10 @@ from shardviz.backends import choose, session
 from shardviz.capture import torch as _torch
 from shardviz.examples.llama import ModelArgs, Transformer, parallelize
 
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# below 2.13 the engine is refused (the last test)
+needs_batched = pytest.mark.skipif(TORCH < (2, 13), reason="the batched engine needs torch >= 2.13")
+
 
 @pytest.fixture(autouse=True)
 def _fresh_backend():
@@ -92,11 +96,13 @@ def _dtensor_program() -> Any:
     return [x, y, z, full, full.sum(), x.to(torch.bfloat16).exp()]
 
 
+@needs_batched
 def test_dtensor_program_gives_the_same_trace_and_bits():
     mode = _both(4, _dtensor_program)
     assert mode.batched_ops > 0  # the engine did run ops once for all ranks
 
 
+@needs_batched
 def test_rank_dependent_values_and_plain_collectives():
     def program() -> Any:
         rank = dist.get_rank()
@@ -111,6 +117,7 @@ def test_rank_dependent_values_and_plain_collectives():
     _both(4, program)
 
 
+@needs_batched
 def test_uneven_shards_fall_back_per_op():
     def program() -> Any:
         mesh = init_device_mesh("cpu", (4,))
@@ -122,6 +129,7 @@ def test_uneven_shards_fall_back_per_op():
     _both(4, program)
 
 
+@needs_batched
 def test_random_ops_draw_from_each_ranks_generator():
     def program() -> Any:
         mesh = init_device_mesh("cpu", (4,))
@@ -134,6 +142,7 @@ def test_random_ops_draw_from_each_ranks_generator():
     _both(4, program)
 
 
+@needs_batched
 def test_small_llama_tp_step():
     def program() -> Any:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
@@ -149,6 +158,7 @@ def test_small_llama_tp_step():
     _both(2, program)
 
 
+@needs_batched
 def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")
     b = choose.current()
@@ -160,6 +170,7 @@ def test_engine_switch_and_default():
     assert choose.current().engine == "lockstep"
 
 
+@needs_batched
 def test_an_engine_named_in_sv_use_wins_over_the_environment(monkeypatch):
     monkeypatch.setenv("SHARDVIZ_ENGINE", "batched")
     try:
@@ -172,3 +183,9 @@ def test_an_engine_named_in_sv_use_wins_over_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv("SHARDVIZ_ENGINE")
         sv.use("local")
+
+
+@pytest.mark.skipif(TORCH >= (2, 13), reason="the refusal is for torch below 2.13")
+def test_below_torch_2_13_the_batched_engine_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match=r"needs torch >= 2\.13 .*engine='lockstep'"):
+        sv.use("local", world_size=2, engine="batched")

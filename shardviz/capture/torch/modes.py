@@ -41,9 +41,20 @@ def default_engine() -> str:
 DEFAULT_ENGINE = "lockstep"
 
 
+# The batched engine reaches LocalTensor's collective helpers as torch 2.13 has them.
+BATCHED_FROM = (2, 13)
+
+
 def check_engine(name: object) -> str:
     if name not in ENGINES:
         raise ValueError(f"unknown simulator engine {name!r}; choose one of {ENGINES} (or set ${ENGINE_ENV})")
+    here = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if name == "batched" and here < BATCHED_FROM:
+        raise ValueError(
+            f"the batched simulator engine needs torch >= {BATCHED_FROM[0]}.{BATCHED_FROM[1]} (this is "
+            f"{torch.__version__}): use the default engine, sv.use('local', world_size=N) (engine="
+            f"'lockstep'), or unset ${ENGINE_ENV}"
+        )
     return str(name)
 
 
