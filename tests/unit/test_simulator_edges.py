@@ -262,15 +262,21 @@ def test_fullgraph_compile_on_threads_is_explained_as_torchs_limit():
     sv.use("threads", world_size=2)
     try:
 
-        def step() -> torch.Tensor:
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
             lin = nn.Linear(8, 8)
+            x = torch.randn(2, 8)
+            expected = lin(x).detach()  # plain torch, before compiling
             lin.compile(backend="eager", fullgraph=True)
-            return lin(torch.randn(2, 8))
+            return lin(x).detach(), expected
 
-        with pytest.raises(RuntimeError) as info:
-            sv.run(step)
-        _check_fullgraph_explained(info.value)
-        assert "found no compiled frames" in str(info.value)  # torch's own words
+        try:
+            trace = sv.run(step)
+        except RuntimeError as e:  # torch 2.13: no compiling under a non-infra dispatch mode
+            _check_fullgraph_explained(e)
+            assert "found no compiled frames" in str(e)  # torch's own words
+        else:  # 2.11/2.12 run it uncompiled, 2.15 compiles it: plain torch's numbers either way
+            for out, expected in trace.results.values():
+                torch.testing.assert_close(out, expected)
     finally:
         sv.use("local", world_size=4)
 
