@@ -482,6 +482,16 @@ def draw_tensor(
     return ax, im
 
 
+def _fit(name: str, tail: str, room: float, fontsize: float) -> str:
+    """``name + tail`` cut to about ``room`` points of ``fontsize`` text, the name shortened with an
+    ellipsis (a long mesh dim name along a short side would run over its neighbours)."""
+    per_char = fontsize * 0.62
+    fits = int(room / per_char) - len(tail)
+    if len(name) <= max(fits, 1):
+        return name + tail
+    return name[: max(fits - 1, 1)] + "…" + tail
+
+
 def _thin(cuts: list[int], per_unit: float, room: float) -> list[int]:
     """Tick positions at least ``room`` points apart (``per_unit`` points per element), the last
     always kept (the one before it goes instead)."""
@@ -541,7 +551,7 @@ def _draw_mesh(sheet: Sheet, ax: Any, layout: Layout, scale: float = 1.0) -> Non
                 ax.text(
                     ox - 0.12,
                     oy + rows / 2,
-                    f"{labels[-2]} ({rows}) →",
+                    _fit(labels[-2], f" ({rows}) →", rows * unit, 7),
                     fontsize=7,
                     rotation=-90,
                     va="center",

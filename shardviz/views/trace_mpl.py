@@ -4,6 +4,8 @@ trace's timeline, read from the same step data as the widget (``steps.Model``)."
 
 from __future__ import annotations
 
+import textwrap
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,8 +98,10 @@ def _plot_flow(d: Mapping[str, Any], head: str, sub: str, event: Any) -> Figure:
     check = d.get("check")
     if check and check.get("checked") and not check.get("ok"):
         notes.insert(0, f"WARNING: {check.get('note')}")
-    notes = [x if len(x) <= 150 else x[:147] + "..." for x in notes[:4]]
     width = max(width, 560.0)
+    # wrapped at the drawing's width (10 px text, about 6.2 px a character), never cut
+    per_line = max(int((width - 12) / 6.2), 40)
+    notes = [part for x in notes[:4] for part in textwrap.wrap(x, per_line) or [""]]
     total = top + height + 6 + 14 * len(notes)
 
     def say(y: float, text: str, px: float, **kw: Any) -> None:  # figure text at pixel (6, y)

@@ -50,9 +50,13 @@ def texts(fig: Any) -> list[Text]:
     drawn, legend texts."""
     found: list[Text] = []
     ticks: set[Text] = set()
+    every_tick: set[Text] = set()
     for ax in fig.axes:
         if ax.get_visible():
             ticks |= _drawn_tick_labels(ax)
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                every_tick |= {tick.label1, tick.label2}
     for t in fig.findobj(Text):
         if not t.get_visible() or not t.get_text().strip():
             continue
@@ -65,7 +69,8 @@ def texts(fig: Any) -> list[Text]:
             and t in (parent_axes.xaxis.label, parent_axes.yaxis.label)
         ):
             continue
-        if t in ticks or not _is_tick_label(t):
+        # a tick label matplotlib does not draw (axes off, tick outside the view) is no text
+        if t in ticks or (t not in every_tick and not _is_tick_label(t)):
             found.append(t)
     return found
 

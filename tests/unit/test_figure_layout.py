@@ -20,6 +20,11 @@ import shardviz as sv
 from shardviz.data.memory import MemoryTimeline
 from shardviz.data.pipeline import Arrow, Interval, Timeline
 
+# Open: the player-step picture of an all_to_all over a group of more than 16 ranks. Its ranks are
+# capped at 16, but every buffer still draws one band per source rank: a 512-rank step is 87 inches
+# tall and takes 40 s, a (64, 8) plan minutes.
+BIG_STEPS = "open: the step picture of an all_to_all over more than 16 ranks draws one band per source rank"
+
 LONG = "a_rather_long_mesh_dim_name_for_the_tensor_parallel_axis"
 
 LAYOUTS = {
@@ -39,7 +44,6 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.xfail(reason="issue 34: overlaps still found in this figure kind (open)", strict=False)
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_layout_figures_are_clean(name):
     shape, mesh, placements, names = LAYOUTS[name]
@@ -48,7 +52,6 @@ def test_layout_figures_are_clean(name):
     assert blank_fraction(fig) < 0.7
 
 
-@pytest.mark.xfail(reason="issue 34: overlaps still found in this figure kind (open)", strict=False)
 def test_layout_figures_with_values_heatmap_and_sub_mesh_groups_are_clean():
     lay = sv.layout((6, 5), (2, 2), ["S(0)", "S(1)"], ("dp", "tp"))
     values = {s.rank: np.arange(np.prod(s.shape), dtype=float).reshape(s.shape) * 1.5 for s in lay.shards}
@@ -91,22 +94,35 @@ def collectives():
     return t
 
 
-@pytest.mark.xfail(reason="issue 34: overlaps still found in this figure kind (open)", strict=False)
 def test_every_player_step_figure_is_clean(collectives):
     for e in collectives.events:
         assert problems(sv.plot(e, trace=collectives)) == [], e.op
     assert problems(sv.plot(collectives)) == []
 
 
-@pytest.mark.xfail(reason="issue 34: overlaps still found in this figure kind (open)", strict=False)
 @pytest.mark.parametrize(
     ("shape", "mesh", "src", "dst", "names"),
     [
         ((8, 6), (2,), ["S(0)"], ["R"], None),
         ((7, 5), (2, 4), ["S(0)", "S(1)"], ["R", "R"], ("dp", "tp")),
         ((16, 8), (2, 2, 2), ["P", "S(0)", "S(1)"], ["R", "R", "S(0)"], ("pp", (LONG)[:30], "tp")),
-        ((1 << 14, 4096), (64, 8), ["S(0)", "S(1)"], ["S(1)", "R"], ("dp", "tp")),
-        ((1 << 16, 1024), (512,), ["S(0)"], ["S(1)"], None),
+        ((64, 32), (16,), ["S(0)"], ["S(1)"], None),
+        pytest.param(
+            (1 << 14, 4096),
+            (64, 8),
+            ["S(0)", "S(1)"],
+            ["S(1)", "R"],
+            ("dp", "tp"),
+            marks=pytest.mark.xfail(run=False, reason=BIG_STEPS),
+        ),
+        pytest.param(
+            (1 << 16, 1024),
+            (512,),
+            ["S(0)"],
+            ["S(1)"],
+            None,
+            marks=pytest.mark.xfail(run=False, reason=BIG_STEPS),
+        ),
     ],
 )
 def test_plan_figures_are_clean_from_2_to_512_ranks(shape, mesh, src, dst, names):
@@ -117,7 +133,6 @@ def test_plan_figures_are_clean_from_2_to_512_ranks(shape, mesh, src, dst, names
         assert problems(sv.plot(trace)) == []
 
 
-@pytest.mark.xfail(reason="issue 34: overlaps still found in this figure kind (open)", strict=False)
 def test_model_map_figures_are_clean():
     for world, names in ((2, ("tp",)), (16, ("dp", "tp")), (512, ("dp", "tp"))):
         mesh = (
