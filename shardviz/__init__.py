@@ -257,6 +257,6 @@ def playground(
 
     ``sv.playground((10, 6), (4,), ["S(0)"], ["R"], ["tp"])`` sets the first choice.
     """
-    from .playground import playground as _playground
+    from .placement_playground import playground as _playground
 
     return _playground(shape, mesh_shape, src, dst, mesh_dim_names, link=link)

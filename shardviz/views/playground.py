@@ -2,7 +2,7 @@
 
 A collective player (views/player.py) with a ``choice`` trait on top: each change of ``choice``
 (made by the view's controls, with no cell to re-run) calls ``compute``, which a front end
-supplies (shardviz/playground.py runs the simulator there: views never import torch), and sends
+supplies (shardviz/placement_playground.py runs the simulator there: views never import torch), and sends
 the new trace to the player's traits plus a ``result`` with both layouts, the plan, its
 collectives' bytes and alpha-beta time, and what is uneven or empty. A choice that cannot be
 drawn sets ``result["error"]`` to the reason and keeps the last good picture.

@@ -9,6 +9,7 @@ never imports torch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,12 +37,13 @@ class ChoiceError(ValueError):
 
 
 def _ints(value: Any, what: str) -> list[int]:
-    if isinstance(value, str):
-        value = [v for v in value.replace("(", "").replace(")", "").replace("x", ",").split(",") if v.strip()]
+    given = value
+    if isinstance(value, str):  # as typed in the view: "10, 6", "(10, 6)" or "10x6"
+        value = [v for v in re.split(r"[,\s()\[\]×]+|(?<=\d)x(?=\d)", value) if v]
     try:
         out = [int(v) for v in value]
     except (TypeError, ValueError):
-        raise ChoiceError(f"{what} must be whole numbers, e.g. 10, 6; got {value!r}") from None
+        raise ChoiceError(f"{what} must be whole numbers, e.g. 10, 6; got {given!r}") from None
     if any(v < 0 for v in out):
         raise ChoiceError(f"{what} cannot be negative: {out}")
     return out
