@@ -20,14 +20,16 @@ function placementOptions(ndim, current) {
   return opts;
 }
 
+// The same reading as shardviz/placement_playground.py:_ints: "10, 6", "(10, 6)" or "10x6".
 function parseInts(text) {
   const parts = String(text)
-    .replace(/[()[\]x]/g, ",")
-    .split(",")
-    .map((s) => s.trim())
+    .split(/[,\s()[\]×]+|(?<=\d)x(?=\d)/)
     .filter((s) => s);
   return parts.every((s) => /^\d+$/.test(s)) ? parts.map(Number) : null;
 }
+
+// A choice's list as typed text (a value Python could not read stays the text the user typed).
+const joined = (v) => (Array.isArray(v) ? v.join(", ") : String(v ?? ""));
 
 const fit = (list, n, fill) => Array.from({ length: n }, (_, m) => (list && list[m] !== undefined ? list[m] : fill(m)));
 
@@ -55,9 +57,9 @@ function render({ model, el, experimental }) {
       input.disabled = offline;
       return input;
     };
-    const shape = text("shape", "tensor shape", (c.shape || []).join(", "), "the global tensor's shape, e.g. 10, 6");
-    const mesh = text("mesh_shape", "mesh", (c.mesh_shape || []).join(", "), "the mesh shape, e.g. 2, 2");
-    const names = text("mesh_dim_names", "dim names", (c.mesh_dim_names || []).join(", "), "one name per mesh dim");
+    const shape = text("shape", "tensor shape", joined(c.shape), "the global tensor's shape, e.g. 10, 6");
+    const mesh = text("mesh_shape", "mesh", joined(c.mesh_shape), "the mesh shape, e.g. 2, 2");
+    const names = text("mesh_dim_names", "dim names", joined(c.mesh_dim_names), "one name per mesh dim");
     const nd = (parseInts(c.shape) || []).length;
     const ms = parseInts(c.mesh_shape) || [];
     const grid = html("div", { class: "sv-pg-placements" }, controls);
