@@ -8,6 +8,7 @@ never imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -63,7 +64,8 @@ def check_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
     names = [str(n) for n in names] if names else [f"d{m}" for m in range(len(mesh))]
     if len(names) != len(mesh):
         raise ChoiceError(
-            f"{len(names)} mesh dim name(s) {names} for a {len(mesh)}-D mesh {mesh}: give one name per mesh dim"
+            f"{len(names)} mesh dim name(s) {names} for a {len(mesh)}-D mesh {mesh}: "
+            "give one name per mesh dim"
         )
     src, dst = [str(p) for p in c["src"]], [str(p) for p in c["dst"]]
     for which, pl in (("source", src), ("target", dst)):
@@ -103,7 +105,7 @@ def _simulate(c: Mapping[str, Any]) -> Trace:
         from torch.distributed.tensor import Partial, Shard
 
         p = parse(text)
-        if p.kind == "shard":
+        if p.kind == "shard" and p.dim is not None:
             return Shard(p.dim)
         if p.kind == "partial":
             return Partial(p.reduce_op)
@@ -128,16 +130,18 @@ def _simulate(c: Mapping[str, Any]) -> Trace:
         return dt.redistribute(mesh, dst).to_local()
 
     current = session.peek()  # the user's backend, if any: reused when it simulates this world
-    if type(current) is LocalBackend and current.world_size == world:
-        trace = current.run(body, (), {}, values="all")
-    else:
+    saved = session.last_trace()  # sv.last_trace() stays the user's, not the playground's
+    try:
+        if type(current) is LocalBackend and current.world_size == world:
+            return current.run(body, (), {}, values="all")
         local = LocalBackend(world)
         try:
             with session.swapped(local):
-                trace = local.run(body, (), {}, values="all")
+                return local.run(body, (), {}, values="all")
         finally:
             local.close()
-    return trace
+    finally:
+        session.set_last(saved)
 
 
 def _last_redistribute(trace: Trace) -> Trace:
@@ -151,7 +155,13 @@ def _last_redistribute(trace: Trace) -> Trace:
     last = ids[-1]
     out = Trace(trace.world_size, trace.backend, trace.values)
     out.meshes = list(trace.meshes)
-    out.events = [e for e in trace.events if e.id == last or getattr(e, "parent", None) == last]
+    # The source line each event recorded is the playground's own machinery (a traitlets observer
+    # in a notebook), not a line of the user's: dropped rather than shown as theirs.
+    out.events = [
+        dataclasses.replace(e, source=None)
+        for e in trace.events
+        if e.id == last or getattr(e, "parent", None) == last
+    ]
     return out
 
 
@@ -168,7 +178,12 @@ def compute(choice: Mapping[str, Any]) -> tuple[dict[str, Any], Trace, str, str]
                 f"geometry only (sv.plan): the simulator could not run this redistribute here "
                 f"({type(e).__name__}: {e})"
             )
-            return c, _plan(c["shape"], c["mesh_shape"], c["src"], c["dst"], c["mesh_dim_names"]), "geometry", note
+            return (
+                c,
+                _plan(c["shape"], c["mesh_shape"], c["src"], c["dst"], c["mesh_dim_names"]),
+                "geometry",
+                note,
+            )
         note = (
             f"real values: DTensor's redistribute ran under the local simulator on {world} rank(s), "
             f"on torch.arange({numel}) float32"

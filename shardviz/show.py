@@ -185,7 +185,9 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
 
     playground = _playground(obj, "sv.export_html", options)
     if playground is not None:  # the page shows the state drawn last
-        out: Path = playground.export_html(path, values_budget=options.get("values_budget", EXPORT_VALUES_BUDGET))
+        out: Path = playground.export_html(
+            path, values_budget=options.get("values_budget", EXPORT_VALUES_BUDGET)
+        )
         return out
     kind = _kind(obj)
     budget = options.pop("values_budget", EXPORT_VALUES_BUDGET) if _views()[kind].values else None

@@ -183,7 +183,9 @@ class PlaygroundWidget(PlayerWidget):
         before, after, _ = _layouts(self.trace)
         r = self.result
         pics = [
-            mpimg.imread(io.BytesIO(to_png(plot_layout(lay, title=f"{which}: [{', '.join(lay.placements)}]"))))
+            mpimg.imread(
+                io.BytesIO(to_png(plot_layout(lay, title=f"{which}: [{', '.join(lay.placements)}]")))
+            )
             for which, lay in (("source", before), ("target", after))
         ]
         fig = Figure(figsize=(16, 5.4), dpi=100)

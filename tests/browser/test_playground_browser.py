@@ -17,7 +17,6 @@ import time
 import pytest
 
 import shardviz as sv
-from shardviz.views.playground import SYNCED
 from shardviz.views.widgets import esm_source
 
 pytestmark = pytest.mark.browser
@@ -43,7 +42,8 @@ class KernelModel {
     }
   }
   on(e, cb) { if (!this.listeners.has(e)) this.listeners.set(e, new Set()); this.listeners.get(e).add(cb); }
-  off(e, cb) { if (!e) this.listeners.clear(); else if (!cb) this.listeners.delete(e); else this.listeners.get(e)?.delete(cb); }
+  off(e, cb) { if (!e) this.listeners.clear(); else if (!cb) this.listeners.delete(e);
+    else this.listeners.get(e)?.delete(cb); }
   emit(e, ...a) { for (const cb of [...(this.listeners.get(e) || [])]) cb(...a); }
   send() {}
 }
@@ -118,7 +118,9 @@ def test_changing_a_placement_recomputes_the_layouts_plan_and_player(browser, tm
         assert placements(p, "source") == "S(0)" and placements(p, "target") == "R"
         assert p.get_attribute(f"{ROOT} [data-plan]", "data-plan") == "S(0)->R"
         assert p.get_attribute(f"{ROOT} [data-mode]", "data-mode") == "values"
-        assert "uneven shards: 3×6 on rank(s) 0-2; 1×6 on rank(s) 3" in p.inner_text(f"{ROOT} .sv-pg-messages")
+        assert "uneven shards: 3×6 on rank(s) 0-2; 1×6 on rank(s) 3" in p.inner_text(
+            f"{ROOT} .sv-pg-messages"
+        )
 
         # the target becomes S(1): Python recomputes, the target layout, the plan and the player follow
         p.select_option(f'{ROOT} [data-control="dst-0"]', "S(1)")

@@ -93,7 +93,9 @@ def test_an_invalid_choice_is_explained_and_keeps_the_last_picture():
     assert r["plan"] == good["plan"] and r["before"] == good["before"] and pg.trace is trace
     assert pg.text().startswith("not drawn: source placements ['S(5)']")
     pg.choice = {**pg.choice, "src": ["S(0)", "R"]}  # two placements for a 1-D mesh
-    assert pg.result["error"] == "2 source placement(s) ['S(0)', 'R'] for a 1-D mesh [4]: give one per mesh dim"
+    assert (
+        pg.result["error"] == "2 source placement(s) ['S(0)', 'R'] for a 1-D mesh [4]: give one per mesh dim"
+    )
     pg.choice = {**pg.choice, "src": ["R"], "dst": ["P"]}
     assert "refuses to turn a Shard or Replicate placement into Partial" in pg.result["error"]
     pg.choice = {**pg.choice, "shape": "10, six", "src": ["S(0)"], "dst": ["R"]}
@@ -108,7 +110,9 @@ def test_model_size_shapes_are_planned_from_geometry_and_say_so():
     pg = sv.playground((4096, 4096), (8,), ["S(0)"], ["R"], ["dp"])
     r = pg.result
     assert r["mode"] == "geometry"
-    assert r["mode_note"] == "geometry only (sv.plan: shapes and bytes, no values): 16,777,216 elements > 4,096"
+    assert (
+        r["mode_note"] == "geometry only (sv.plan: shapes and bytes, no values): 16,777,216 elements > 4,096"
+    )
     assert rows(pg) == [("all_gather", "dp", 1, 512 * 4096 * 4)]
     pg.link = "pcie5"  # the time follows the link
     lk = cost.link("pcie5")
@@ -128,3 +132,12 @@ def test_text_picture_and_export_show_the_current_state(tmp_path):
     assert data["view"] == "playground"
     assert data["state"]["choice"]["dst"] == ["S(1)"] and data["state"]["result"]["plan"] == "S(0)->S(1)"
     assert data["state"]["result"]["offline"] is True
+
+
+def test_the_users_last_trace_and_backend_are_left_alone():
+    before = sv.last_trace()
+    pg = sv.playground((4,), (2,), ["S(0)"], ["R"], ["dp"])
+    assert pg.result["mode"] == "values"
+    assert sv.last_trace() is before
+    # the events carry no source line: the line that ran them is the playground's, not the user's
+    assert all(e.source is None for e in pg.trace.events)

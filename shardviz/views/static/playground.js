@@ -50,7 +50,7 @@ function render({ model, el, experimental }) {
   function drawControls() {
     controls.replaceChildren();
     const c = model.get("choice") || {};
-    const offline = Boolean((model.get("result") || {}).offline);
+    const offline = Boolean(model.get("result")?.offline);
     const text = (key, label, value, title) => {
       const lab = html("label", { class: "sv-pg-field" }, controls, `${label} `);
       const input = html("input", { type: "text", "data-control": key, value, title, size: 12 }, lab);
@@ -93,8 +93,16 @@ function render({ model, el, experimental }) {
         // a new mesh rank keeps what was chosen per dim and fills the rest: one name and one
         // placement per mesh dim, Replicate where nothing was chosen
         mesh_dim_names: nameList.length === ms.length && n !== ms.length ? fit(nameList, n, (m) => `d${m}`) : nameList,
-        src: fit(selects.src.map((s) => s.value), n, () => "R"),
-        dst: fit(selects.dst.map((s) => s.value), n, () => "R"),
+        src: fit(
+          selects.src.map((s) => s.value),
+          n,
+          () => "R",
+        ),
+        dst: fit(
+          selects.dst.map((s) => s.value),
+          n,
+          () => "R",
+        ),
       };
       send(choice);
     }
@@ -122,7 +130,8 @@ function render({ model, el, experimental }) {
       html("span", {}, box, r.error || "unknown reason");
       html("div", { class: "sv-note" }, box, "Showing the last choice that could be drawn.");
     }
-    if (r.offline) html("div", { class: "sv-note sv-pg-offline" }, message, "Saved page: the choices drawn when it was saved; changing them needs a running kernel.");
+    if (r.offline)
+      html("div", { class: "sv-note sv-pg-offline" }, message, "Saved page: the choices drawn when it was saved; changing them needs a running kernel.");
     html("div", { class: `sv-pg-mode sv-pg-${r.mode}`, "data-mode": r.mode }, message, r.mode_note || "");
     for (const line of r.shards || []) html("div", { class: "sv-pg-shards", "data-shards": "true" }, message, line);
     if (!r.before) return;
@@ -155,10 +164,13 @@ function render({ model, el, experimental }) {
 
   const unmount = mountPlayer({ model, el: playerBox, experimental });
   const unlisten = listen(model, [
-    ["change:result", () => {
-      drawControls();
-      drawResult();
-    }],
+    [
+      "change:result",
+      () => {
+        drawControls();
+        drawResult();
+      },
+    ],
     ["change:choice", drawControls],
   ]);
   drawControls();

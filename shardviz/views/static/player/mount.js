@@ -61,4 +61,3 @@ function mountPlayer({ model, el, experimental }) {
     p.root.remove();
   };
 }
-
