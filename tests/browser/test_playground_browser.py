@@ -154,6 +154,8 @@ def test_changing_a_placement_recomputes_the_layouts_plan_and_player(browser, tm
         p.fill(f'{ROOT} [data-control="mesh_shape"]', "2, 2")
         p.press(f'{ROOT} [data-control="mesh_shape"]', "Enter")
         p.wait_for_selector(f'{ROOT} [data-control="src-1"]')
+        assert pg.choice["mesh_dim_names"] == ["dp", "tp"] and pg.choice["mesh_shape"] == [2, 2]
+        assert p.get_attribute(f'{ROOT} [data-control="src-0"]', "aria-label") == "src placement on dp"
         p.select_option(f'{ROOT} [data-control="src-0"]', "P")
         p.wait_for_selector(f'{ROOT} [data-layout="source"][data-placements="P(sum),R"]')
         p.select_option(f'{ROOT} [data-control="dst-0"]', "R")

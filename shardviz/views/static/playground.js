@@ -47,29 +47,69 @@ function render({ model, el, experimental }) {
     model.save_changes();
   }
 
+  // The text fields are made once and only refreshed while not being edited (a redraw would take
+  // the focus from the field the user moved to); the placement selects follow the mesh's dims.
+  const text = (key, label, title) => {
+    const lab = html("label", { class: "sv-pg-field" }, controls, `${label} `);
+    const input = html("input", { type: "text", "data-control": key, title, size: 12 }, lab);
+    onCommit(input, commit);
+    return input;
+  };
+  const fields = {
+    shape: text("shape", "tensor shape", "the global tensor's shape, e.g. 10, 6"),
+    mesh_shape: text("mesh_shape", "mesh", "the mesh shape, e.g. 2, 2"),
+    mesh_dim_names: text("mesh_dim_names", "dim names", "one name per mesh dim"),
+  };
+  const grid = html("div", { class: "sv-pg-placements" }, controls);
+  const selects = { src: [], dst: [] };
+  let drawnMesh = [];
+
+  function commit() {
+    const shapeV = parseInts(fields.shape.value);
+    const meshV = parseInts(fields.mesh_shape.value);
+    const n = meshV ? meshV.length : drawnMesh.length;
+    const nameList = fields.mesh_dim_names.value
+      .split(",")
+      .map((s) => s.trim())
+      .filter((s) => s);
+    // A mesh of another rank keeps the names and placements chosen per dim and fills the rest
+    // (d<m>, Replicate); names typed for another count go as typed, and Python says what is wrong.
+    const names = nameList.length === drawnMesh.length && n !== drawnMesh.length ? fit(nameList, n, (m) => `d${m}`) : nameList;
+    send({
+      shape: shapeV || fields.shape.value,
+      mesh_shape: meshV || fields.mesh_shape.value,
+      mesh_dim_names: names,
+      src: fit(
+        selects.src.map((x) => x.value),
+        n,
+        () => "R",
+      ),
+      dst: fit(
+        selects.dst.map((x) => x.value),
+        n,
+        () => "R",
+      ),
+    });
+  }
+
   function drawControls() {
-    controls.replaceChildren();
     const c = model.get("choice") || {};
     const offline = Boolean(model.get("result")?.offline);
-    const text = (key, label, value, title) => {
-      const lab = html("label", { class: "sv-pg-field" }, controls, `${label} `);
-      const input = html("input", { type: "text", "data-control": key, value, title, size: 12 }, lab);
+    const active = el.getRootNode().activeElement;
+    for (const [key, input] of Object.entries(fields)) {
+      if (input !== active) input.value = joined(c[key]);
       input.disabled = offline;
-      return input;
-    };
-    const shape = text("shape", "tensor shape", joined(c.shape), "the global tensor's shape, e.g. 10, 6");
-    const mesh = text("mesh_shape", "mesh", joined(c.mesh_shape), "the mesh shape, e.g. 2, 2");
-    const names = text("mesh_dim_names", "dim names", joined(c.mesh_dim_names), "one name per mesh dim");
+    }
     const nd = (parseInts(c.shape) || []).length;
-    const ms = parseInts(c.mesh_shape) || [];
-    const grid = html("div", { class: "sv-pg-placements" }, controls);
-    const selects = { src: [], dst: [] };
+    drawnMesh = parseInts(c.mesh_shape) || drawnMesh;
+    grid.replaceChildren();
     for (const which of ["src", "dst"]) {
+      selects[which] = [];
       const row = html("div", { class: "sv-pg-row" }, grid);
       html("span", { class: "sv-pg-label" }, row, which === "src" ? "source" : "target");
-      ms.forEach((_, m) => {
+      drawnMesh.forEach((_, m) => {
         const cur = (c[which] || [])[m] || "R";
-        const name = (c.mesh_dim_names || [])[m] || `d${m}`;
+        const name = (Array.isArray(c.mesh_dim_names) && c.mesh_dim_names[m]) || `d${m}`;
         const lab = html("label", { class: "sv-pg-field" }, row, `${name} `);
         const sel = html("select", { "data-control": `${which}-${m}`, "aria-label": `${which} placement on ${name}` }, lab);
         for (const o of placementOptions(nd, cur)) html("option", { value: o }, sel, o);
@@ -79,34 +119,6 @@ function render({ model, el, experimental }) {
         selects[which].push(sel);
       });
     }
-    function commit() {
-      const shapeV = parseInts(shape.value);
-      const meshV = parseInts(mesh.value);
-      const n = meshV ? meshV.length : ms.length;
-      const nameList = names.value
-        .split(",")
-        .map((s) => s.trim())
-        .filter((s) => s);
-      const choice = {
-        shape: shapeV || shape.value,
-        mesh_shape: meshV || mesh.value,
-        // a new mesh rank keeps what was chosen per dim and fills the rest: one name and one
-        // placement per mesh dim, Replicate where nothing was chosen
-        mesh_dim_names: nameList.length === ms.length && n !== ms.length ? fit(nameList, n, (m) => `d${m}`) : nameList,
-        src: fit(
-          selects.src.map((s) => s.value),
-          n,
-          () => "R",
-        ),
-        dst: fit(
-          selects.dst.map((s) => s.value),
-          n,
-          () => "R",
-        ),
-      };
-      send(choice);
-    }
-    for (const input of [shape, mesh, names]) onCommit(input, commit);
   }
 
   function drawLayout(payload, which, parent) {
