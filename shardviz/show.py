@@ -109,6 +109,9 @@ def show(
     option ``title``). A NumericsReport (``sv.diff``) is its module tree coloured by error, a
     row's layout with its per-element error (options ``selected``, a row index, and ``title``).
     """
+    playground = _playground(obj, "sv.show", options)
+    if playground is not None:  # already a widget: itself
+        return playground
     plain, views, options = _plain(obj, "sv.show", options, figure=False)
     return views.widget(plain, **options)
 

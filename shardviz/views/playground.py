@@ -83,6 +83,10 @@ def summarize(choice: Mapping[str, Any], trace: Trace, mode: str, note: str, lin
     }
 
 
+def _title(choice: Mapping[str, Any]) -> str:
+    return f"redistribute [{', '.join(choice['src'])}] -> [{', '.join(choice['dst'])}]"
+
+
 class PlaygroundWidget(PlayerWidget):
     """Controls for a tensor shape, a mesh and source / target placements; both layouts, the
     plan with bytes and time, and the player stepping through its collectives."""
@@ -98,17 +102,17 @@ class PlaygroundWidget(PlayerWidget):
     def __init__(self, choice: Mapping[str, Any], compute: Compute, *, link: str | None = None) -> None:
         self._compute = compute
         checked, trace, mode, note = compute(choice)
-        self._trace_mode = (mode, note)
-        super().__init__(trace, link=link, step=0, title="redistribute")
+        self._good = (checked, mode, note)  # the last choice drawn, with its mode and note
+        super().__init__(trace, link=link, step=0, title=_title(checked))
         self.result = summarize(checked, trace, mode, note, self.link)
         self.choice = checked
         self.observe(self._on_choice, "choice")
         self.observe(self._on_link, "link")
 
     def _on_link(self, change: Any) -> None:
-        if self.result.get("ok", True):
-            mode, note = self._trace_mode
-            self.result = summarize(self.result["choice"], self.trace, mode, note, self.link)
+        checked, mode, note = self._good
+        error = {} if self.result.get("ok", True) else {"ok": False, "error": self.result["error"]}
+        self.result = {**summarize(checked, self.trace, mode, note, self.link), **error}
 
     def _on_choice(self, change: Any) -> None:
         self.recompute(change["new"])
@@ -119,14 +123,16 @@ class PlaygroundWidget(PlayerWidget):
             checked, trace, mode, note = self._compute(choice)
             result = summarize(checked, trace, mode, note, self.link)
         except Exception as e:  # shown in the view, never only a traceback in the kernel's log
-            self.result = {**self.result, "ok": False, "error": str(e) or type(e).__name__}
+            # A ValueError / TypeError is the choice's fault and says so; anything else names its type.
+            text = str(e) if isinstance(e, ValueError | TypeError) and str(e) else f"{type(e).__name__}: {e}"
+            self.result = {**self.result, "ok": False, "error": text}
             return
         self._model = Model(trace)
         self._details = {}
-        self._trace_mode = (mode, note)
+        self._good = (checked, mode, note)
         self.step = 0
         self.timeline = self._model.timeline()
-        self.info = self._model.info("redistribute")
+        self.info = self._model.info(_title(checked))
         self.result = result
 
     # ---- static renderings ----

@@ -141,3 +141,15 @@ def test_the_users_last_trace_and_backend_are_left_alone():
     assert sv.last_trace() is before
     # the events carry no source line: the line that ran them is the playground's, not the user's
     assert all(e.source is None for e in pg.trace.events)
+
+
+def test_a_link_change_while_a_choice_is_refused_retimes_the_picture_and_keeps_the_message():
+    pg = sv.playground((8, 4), (2,), ["S(0)"], ["R"], ["dp"])
+    pg.choice = {**pg.choice, "mesh_shape": [0]}
+    assert pg.result["error"] == "the mesh shape needs at least one dim, each of size 1 or more: got [0]"
+    pg.link = "ib-ndr"
+    lk = cost.link("ib-ndr")
+    # all_gather of a 4x4 float32 shard (64 B) over 2 ranks: 1 ring step, 64 bus bytes
+    assert pg.result["rows"][0]["seconds"] == pytest.approx(lk.alpha + 64 / lk.beta)
+    assert not pg.result["ok"] and pg.result["error"].startswith("the mesh shape needs")
+    assert sv.show(pg) is pg
