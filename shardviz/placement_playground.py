@@ -165,12 +165,35 @@ def _last_redistribute(trace: Trace) -> Trace:
     return out
 
 
+def _geometry(c: Mapping[str, Any]) -> Trace:
+    return _plan(c["shape"], c["mesh_shape"], c["src"], c["dst"], c["mesh_dim_names"])
+
+
+def _other_world(world: int) -> int | None:
+    """The world size of the user's simulator when it is not ``world`` (its process group is the
+    one in the way: the playground leaves it alone), else None."""
+    from .backends import session
+    from .backends.local import LocalBackend
+
+    current = session.peek()
+    if type(current) is LocalBackend and current.world_size != world:
+        return current.world_size
+    return None
+
+
 def compute(choice: Mapping[str, Any]) -> tuple[dict[str, Any], Trace, str, str]:
     """(the checked choice, the redistribute's trace, "values" or "geometry", a note saying which)."""
     c = check_choice(choice)
     numel = math.prod(c["shape"])
     world = math.prod(c["mesh_shape"])
     if numel <= VALUES_MAX_ELEMENTS and world <= VALUES_MAX_RANKS:
+        other = _other_world(world)
+        if other is not None:
+            note = (
+                f"geometry only (sv.plan): the simulator in this kernel runs {other} ranks and this mesh has "
+                f"{world}; sv.use('local', world_size={world}) gives real values for it"
+            )
+            return c, _geometry(c), "geometry", note
         try:
             trace = _last_redistribute(_simulate(c))
         except Exception as e:  # the simulator cannot run it here: say why, show the plan instead
@@ -180,7 +203,7 @@ def compute(choice: Mapping[str, Any]) -> tuple[dict[str, Any], Trace, str, str]
             )
             return (
                 c,
-                _plan(c["shape"], c["mesh_shape"], c["src"], c["dst"], c["mesh_dim_names"]),
+                _geometry(c),
                 "geometry",
                 note,
             )
@@ -195,7 +218,7 @@ def compute(choice: Mapping[str, Any]) -> tuple[dict[str, Any], Trace, str, str]
         else f"{world} ranks > {VALUES_MAX_RANKS}"
     )
     note = f"geometry only (sv.plan: shapes and bytes, no values): {why}"
-    return c, _plan(c["shape"], c["mesh_shape"], c["src"], c["dst"], c["mesh_dim_names"]), "geometry", note
+    return c, _geometry(c), "geometry", note
 
 
 def playground(

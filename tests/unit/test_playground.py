@@ -18,6 +18,12 @@ from shardviz.data import cost
 from shardviz.placement_playground import ChoiceError
 
 
+@pytest.fixture(autouse=True)
+def four_simulated_ranks():
+    """The simulator the tests' meshes of 4 ranks reuse, whatever an earlier test left."""
+    sv.use("local", world_size=4)
+
+
 def rows(pg) -> list[tuple[str, str, int, int]]:
     return [(r["op"], r["mesh_dim"], len(r["groups"]), r["bytes"]) for r in pg.result["rows"]]
 
@@ -136,7 +142,7 @@ def test_text_picture_and_export_show_the_current_state(tmp_path):
 
 def test_the_users_last_trace_and_backend_are_left_alone():
     before = sv.last_trace()
-    pg = sv.playground((4,), (2,), ["S(0)"], ["R"], ["dp"])
+    pg = sv.playground((4,), (4,), ["S(0)"], ["R"], ["dp"])
     assert pg.result["mode"] == "values"
     assert sv.last_trace() is before
     # the events carry no source line: the line that ran them is the playground's, not the user's
@@ -153,3 +159,14 @@ def test_a_link_change_while_a_choice_is_refused_retimes_the_picture_and_keeps_t
     assert pg.result["rows"][0]["seconds"] == pytest.approx(lk.alpha + 64 / lk.beta)
     assert not pg.result["ok"] and pg.result["error"].startswith("the mesh shape needs")
     assert sv.show(pg) is pg
+
+
+def test_a_mesh_other_than_the_simulators_world_is_planned_and_says_how_to_get_values():
+    pg = sv.playground((8, 4), (2, 4), ["S(0)", "R"], ["R", "R"], ["dp", "tp"])
+    assert pg.result["mode"] == "geometry"
+    assert pg.result["mode_note"] == (
+        "geometry only (sv.plan): the simulator in this kernel runs 4 ranks and this mesh has "
+        "8; sv.use('local', world_size=8) gives real values for it"
+    )
+    # all_gather of a 4x4 float32 shard (64 B) over dp, in 4 groups of 2
+    assert rows(pg) == [("all_gather", "dp", 4, 64)]
