@@ -103,6 +103,7 @@ class PlaygroundWidget(PlayerWidget):
         self._compute = compute
         checked, trace, mode, note = compute(choice)
         self._good = (checked, mode, note)  # the last choice drawn, with its mode and note
+        self._revision = 0
         super().__init__(trace, link=link, step=0, title=_title(checked))
         self.result = summarize(checked, trace, mode, note, self.link)
         self.choice = checked
@@ -132,7 +133,9 @@ class PlaygroundWidget(PlayerWidget):
         self._good = (checked, mode, note)
         self.step = 0
         self.timeline = self._model.timeline()
-        self.info = self._model.info(_title(checked))
+        # a new revision even when the timeline reads the same: the view drops its cached steps
+        self._revision += 1
+        self.info = {**self._model.info(_title(checked)), "revision": self._revision}
         self.result = result
 
     # ---- static renderings ----

@@ -66,6 +66,7 @@ def test_a_change_of_choice_recomputes_and_names_the_empty_shard():
     ]
     assert rows(pg) == [("all_gather", "tp", 1, 24)]
     assert pg.timeline["steps"] and pg.step == 0  # the player follows the new trace
+    assert pg.info["revision"] == 1  # and the view drops the old trace's cached steps
     assert "empty" in pg.text() and "0×6 on rank(s) 3" in pg.text()
 
 
