@@ -20,9 +20,10 @@ import numpy as np
 import traitlets
 from anywidget.experimental import command
 
-from ..data.numerics import NumericsReport, describe_row
+from ..data.numerics import DiffRow, NumericsReport, describe_row
 from . import geometry as g
 from . import html
+from .numerics_agreement import row_agreement
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
 
 SYNCED = ("summary", "selected", "title")
@@ -78,7 +79,7 @@ def summary(report: NumericsReport) -> dict[str, Any]:
         lines["status"].append(status)
     rows = report.rows
     return {
-        "head": report.summary().splitlines(),
+        "head": head_lines(report),
         "reference": report.reference,
         "parallel": report.parallel,
         "first": index[id(first)] if first is not None else -1,
@@ -100,6 +101,39 @@ def summary(report: NumericsReport) -> dict[str, Any]:
     }
 
 
+def head_lines(report: NumericsReport) -> list[str]:
+    """The summary without the first difference's description: the widget opens that row, whose
+    detail says it once."""
+    lines = report.summary().splitlines()
+    first = report.first
+    if first is None:
+        return lines
+    own = set(describe_row(first, "first difference: "))
+    return [line for line in lines if line not in own]
+
+
+def row_lines(row: DiffRow) -> list[str]:
+    """A row in words, less the events (the detail lists them once, each with its id)."""
+    lines = describe_row(row)
+    for k, line in enumerate(lines):
+        if line.startswith("  collectives and redistributes "):
+            return lines[:k]
+    return lines
+
+
+def heat_range(err: np.ndarray) -> tuple[float, float]:
+    """log10 of the smallest and largest error the heat-map spans: the row's own nonzero finite
+    errors (so a wrong block shows its structure rather than one saturated colour), and always
+    the tolerance (1) inside it."""
+    finite = err[np.isfinite(err) & (err > 0)]
+    if not finite.size:
+        return -1.0, 1.0
+    lo = math.floor(math.log10(max(float(finite.min()), 1e-6)))
+    hi = math.ceil(math.log10(float(finite.max())))
+    lo, hi = min(lo, -1), max(hi, 1)
+    return float(lo), float(hi if hi > lo else lo + 1)
+
+
 def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]:
     """What the ``detail`` command answers for row ``i``: its description, layout geometry,
     events, and its per-element error (in units of the tolerance) as one buffer."""
@@ -108,7 +142,8 @@ def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]
     row = report.rows[i]
     out: dict[str, Any] = {
         "row": i,
-        "lines": describe_row(row),
+        "lines": row_lines(row),
+        "agreement": row_agreement(row),
         "geometry": g.payload(row.layout) if row.layout is not None else None,
         "inferred": row.inferred,
         "index": list(row.index) if row.index is not None else None,
@@ -119,6 +154,9 @@ def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]
     if row.error is None:
         return out, []
     err = np.asarray(row.error, dtype=np.float64)
+    lo, hi = heat_range(err)
+    out["heat_range"] = [lo, hi]
+    out["nonfinite"] = int(np.count_nonzero(~np.isfinite(err)))
     err = np.where(np.isfinite(err), err, 3e38).astype(np.float32)
     meta, data = g.encode(err, "float32")
     out["heat"] = meta
