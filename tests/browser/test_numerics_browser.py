@@ -104,13 +104,18 @@ def test_the_picture_first_view_at_1280x800(browser, tmp_path, artifacts):
         assert p.locator("[data-legend-bin]").count() == 7
         # The selected row shows the agreement matrix: two blocks, 0-3 and 4-7.
         p.wait_for_selector("[data-agreement]")
-        groups = p.eval_on_selector_all("[data-agreement-group]", "els => els.map(e => e.dataset.agreementGroup)")
+        groups = p.eval_on_selector_all(
+            "[data-agreement-group]", "els => els.map(e => e.dataset.agreementGroup)"
+        )
         assert groups == ["0,1,2,3", "4,5,6,7"]
         frac = p.eval_on_selector_all(
-            "[data-agree]", "els => Object.fromEntries(els.map(e => [e.dataset.agree, Number(e.dataset.fraction)]))"
+            "[data-agree]",
+            "els => Object.fromEntries(els.map(e => [e.dataset.agree, Number(e.dataset.fraction)]))",
         )
         assert len(frac) == 64
-        assert all(frac[f"{a},{b}"] == (1.0 if (a < 4) == (b < 4) else 0.0) for a in range(8) for b in range(8))
+        assert all(
+            frac[f"{a},{b}"] == (1.0 if (a < 4) == (b < 4) else 0.0) for a in range(8) for b in range(8)
+        )
         # Each fact once: the disagreement sentence is in the detail, not in the header too.
         fact = "ranks 4-7 differ from ranks 0-3"
         assert p.inner_text(".sv-head").count(fact) == 0
