@@ -17,7 +17,7 @@ from ..data.numerics import DiffRow, NumericsReport
 from ..data.numerics.text import rank_ranges
 from .mpl import Figure, literal_text
 from .numerics_agreement import row_agreement
-from .numerics_view import heat_range, summary
+from .numerics_tree import heat_range, summary
 
 # The tree's colour scale, shared with numerics.js (ERR_BINS): rows within tolerance neutral,
 # then three steps of "how far beyond", and the statuses that have no single error.

@@ -198,7 +198,7 @@ def test_a_rows_detail_carries_the_agreement_of_its_copies():
     y = np.arange(12.0, dtype=np.float32).reshape(3, 4)
     ref = build_run("plain torch", RawCapture(1, "LM", modules, (RawTensor(key, 0, "float32", {None: y}),)))
     lay = compute((3, 4), (4,), ["S(1)"], ("tp",), groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
-    vals = {r: (y if r < 4 else y + 8)[:, r % 4 : r % 4 + 1] for r in range(8)}
+    vals: dict[int | None, np.ndarray] = {r: (y if r < 4 else y + 8)[:, r % 4 : r % 4 + 1] for r in range(8)}
     rep = compare(
         ref, build_run("tp", RawCapture(8, "LM", modules, (RawTensor(key, 0, "float32", vals, lay),)))
     )
