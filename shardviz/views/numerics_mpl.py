@@ -153,7 +153,7 @@ def _heatmap(ax: Axes, row: DiffRow) -> None:
     im = ax.imshow(
         shown, norm=LogNorm(vmin=10**lo, vmax=10**hi), cmap="magma_r", aspect="auto", interpolation="nearest"
     )
-    lead = f" at {list(index[:-2])}" if len(index) > 2 else ""
+    lead = f" at [{', '.join(str(i) for i in index[:-2])}, :, :]" if len(index) > 2 else ""
     ax.set_title(f"where: {row.module} {row.what}{lead}", fontsize=9, loc="left")
     nd = len(row.shape or ())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -161,7 +161,8 @@ def _heatmap(ax: Axes, row: DiffRow) -> None:
     ax.set_xlabel(f"dim {nd - 1} (index)", fontsize=8)
     ax.set_ylabel(f"dim {nd - 2} (index)" if nd > 1 else "", fontsize=8)
     bar = ax.get_figure().colorbar(im, ax=ax, fraction=0.05, pad=0.02)  # type: ignore[union-attr]
-    bar.set_label("error / tolerance (log)", fontsize=8)
+    where = "every element beyond it" if lo >= 0 else "the tolerance is 1e0"
+    bar.set_label(f"error / tolerance (log; {where})", fontsize=8)
     bar.ax.yaxis.set_major_formatter(_POWERS)
     bar.ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 

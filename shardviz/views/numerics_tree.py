@@ -101,12 +101,11 @@ def row_lines(row: DiffRow) -> list[str]:
 
 def heat_range(err: np.ndarray) -> tuple[float, float]:
     """log10 of the smallest and largest error the heat-map spans: the row's own nonzero finite
-    errors (so a wrong block shows its structure rather than one saturated colour), and always
-    the tolerance (1) inside it."""
+    errors, so that a tensor wrong everywhere still shows which elements are worse (a fixed scale
+    drew it as one saturated block). At least one decade."""
     finite = err[np.isfinite(err) & (err > 0)]
     if not finite.size:
         return -1.0, 1.0
     lo = math.floor(math.log10(max(float(finite.min()), 1e-6)))
     hi = math.ceil(math.log10(float(finite.max())))
-    lo, hi = min(lo, -1), max(hi, 1)
     return float(lo), float(hi if hi > lo else lo + 1)

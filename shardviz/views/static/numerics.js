@@ -292,7 +292,7 @@ function render({ model, el, experimental }) {
     const lab = html("label", { class: "sv-toggle" }, controls);
     const toggle = html("input", { type: "checkbox", "data-control": "error-heatmap" }, lab);
     toggle.checked = true;
-    lab.appendChild(document.createTextNode(" error heat-map (off: the ranks that hold each element)"));
+    lab.appendChild(document.createTextNode(" error heat-map (off: the ranks that hold each element; diagonal stripes: held by several ranks, one stripe colour per rank)"));
     toggle.addEventListener("change", () => {
       lay.classList.toggle("sv-heat-on", toggle.checked);
       legend.hidden = !toggle.checked;
@@ -302,7 +302,8 @@ function render({ model, el, experimental }) {
     lay.classList.add("sv-heat-on");
     html("span", {}, legend, `where it differs: error / tolerance per element, log scale 1e${lo} `);
     html("span", { class: "sv-colorbar", style: `background:linear-gradient(to right, ${VIRIDIS.join(",")})` }, legend);
-    html("span", {}, legend, ` 1e${hi}+ (the tolerance at ${Math.round(((0 - lo) / (hi - lo)) * 100)}%)`);
+    const tolAt = lo >= 0 ? "every element beyond the tolerance" : `the tolerance at ${Math.round(((0 - lo) / (hi - lo)) * 100)}%`;
+    html("span", {}, legend, ` 1e${hi}+ (${tolAt}; scaled to this row's errors)`);
     if (reply.nonfinite) html("span", { class: "sv-note" }, legend, ` · ${reply.nonfinite} inf/NaN drawn at the top`);
     if (vals.step.some((x) => x > 1)) html("span", { class: "sv-note" }, legend, ` · sampled every ${vals.step.join("×")} elements`);
   }
