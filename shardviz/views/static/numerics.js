@@ -203,7 +203,8 @@ function render({ model, el, experimental }) {
     );
     if (!reply.events.length) html("div", { class: "sv-note" }, ev, "none recorded");
     const ul = html("ul", {}, ev);
-    for (const e of reply.events) html("li", { "data-event-id": e.id, class: `sv-event sv-event-${e.kind}`, title: `#${e.id} ${e.text}` }, ul, `#${e.id} ${e.text}`);
+    for (const e of reply.events)
+      html("li", { "data-event-id": e.id, class: `sv-event sv-event-${e.kind}`, title: `#${e.id} ${e.text}` }, ul, `#${e.id} ${e.text}`);
   }
 
   // Which ranks agree with which: one cell per pair of copies, shaded by the fraction of elements
@@ -226,13 +227,17 @@ function render({ model, el, experimental }) {
         const f = a.matrix[i][j];
         const [cr, cg, cb] = lerpColor("#f7fcf5", "#00441b", f);
         const same = groupOf.get(r) === groupOf.get(c);
-        html("span", {
-          class: `sv-agree-cell${same ? " sv-agree-same" : ""}`,
-          "data-agree": `${r},${c}`,
-          "data-fraction": String(f),
-          style: `width:${cell}px;height:${cell}px;background:rgb(${cr},${cg},${cb})`,
-          title: `ranks ${r} and ${c}: ${Math.round(f * 100)}% of elements agree`,
-        }, grid);
+        html(
+          "span",
+          {
+            class: `sv-agree-cell${same ? " sv-agree-same" : ""}`,
+            "data-agree": `${r},${c}`,
+            "data-fraction": String(f),
+            style: `width:${cell}px;height:${cell}px;background:rgb(${cr},${cg},${cb})`,
+            title: `ranks ${r} and ${c}: ${Math.round(f * 100)}% of elements agree`,
+          },
+          grid,
+        );
       });
     });
     const key = html("div", { class: "sv-agree-groups" }, wrap);
@@ -292,7 +297,9 @@ function render({ model, el, experimental }) {
     const lab = html("label", { class: "sv-toggle" }, controls);
     const toggle = html("input", { type: "checkbox", "data-control": "error-heatmap" }, lab);
     toggle.checked = true;
-    lab.appendChild(document.createTextNode(" error heat-map (off: the ranks that hold each element; diagonal stripes: held by several ranks, one stripe colour per rank)"));
+    lab.appendChild(
+      document.createTextNode(" error heat-map (off: the ranks that hold each element; diagonal stripes: held by several ranks, one stripe colour per rank)"),
+    );
     toggle.addEventListener("change", () => {
       lay.classList.toggle("sv-heat-on", toggle.checked);
       legend.hidden = !toggle.checked;
