@@ -59,21 +59,28 @@ def selected_row(report: NumericsReport) -> DiffRow | None:
 
 
 @literal_text
-def plot_numerics(report: NumericsReport, *, title: str | None = None) -> Figure:
-    row = selected_row(report)
+def plot_numerics(report: NumericsReport, *, title: str | None = None, row: int | None = None) -> Figure:
+    """The tree coloured by error; for row ``row`` (default: the first difference, else the row
+    nearest its tolerance) its error per element and, where copies disagree, which ranks agree."""
+    chosen = report.rows[row] if row is not None and 0 <= row < len(report.rows) else selected_row(report)
     # A heat-map of zeros (copies that disagree, read where they equal the reference) says nothing.
-    heat = row is not None and row.error is not None and row.error.size > 1 and bool(np.any(row.error != 0))
-    agree = row_agreement(row) if row is not None else None
+    heat = (
+        chosen is not None
+        and chosen.error is not None
+        and chosen.error.size > 1
+        and bool(np.any(chosen.error != 0))
+    )
+    agree = row_agreement(chosen) if chosen is not None else None
     panels = 1 + int(heat) + int(agree is not None)
     lines = _tree_lines(report)
     height = max(3.8, 1.6 + 0.2 * len(lines))
     fig = Figure(figsize=(5.0 + 4.2 * (panels - 1), height), dpi=100, layout="constrained")
     widths = [1.2] + [1.0] * (panels - 1)
     axes = fig.subplots(1, panels, width_ratios=widths, squeeze=False)[0]
-    _tree(axes[0], lines, report, row)
+    _tree(axes[0], lines, report, chosen)
     k = 1
-    if heat and row is not None:
-        _heatmap(axes[k], row)
+    if heat and chosen is not None:
+        _heatmap(axes[k], chosen)
         k += 1
     if agree is not None:
         _agreement(axes[k], agree)

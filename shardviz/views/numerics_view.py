@@ -119,7 +119,9 @@ class NumericsWidget(StaticFallback, anywidget.AnyWidget):
     def figure(self) -> Any:
         from .numerics_mpl import plot_numerics
 
-        return plot_numerics(self._report, title=self.title or None)
+        return plot_numerics(
+            self._report, title=self.title or None, row=self.selected if self.selected >= 0 else None
+        )
 
     def export_html(self, path: str | Path, *, values_budget: int = EXPORT_VALUES_BUDGET) -> Path:
         """One self-contained HTML file: the tree, and each row's detail while they fit in

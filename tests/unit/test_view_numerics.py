@@ -214,3 +214,14 @@ def test_a_rows_detail_carries_the_agreement_of_its_copies():
     # Each fact once in the widget's header and detail: the disagreement only in the detail.
     head = "\n".join(sv.show(rep).summary["head"])
     assert "differ from" not in head and any("4-7 differ from ranks 0-3" in x for x in reply["lines"])
+
+
+def test_the_widgets_static_picture_follows_its_selected_row(report):
+    from shardviz.views.numerics_view import NumericsWidget
+
+    # Row 0 (the input) equals the reference everywhere: the tree alone, its bar outlined.
+    fig = NumericsWidget(report, selected=0).figure()
+    assert len(fig.axes) == 1
+    outlined = [p for p in fig.axes[0].patches if not p.get_fill()]
+    assert len(outlined) == 1 and outlined[0].get_y() == pytest.approx(2 - 0.4)  # tree line 2: input[0]
+    assert len(NumericsWidget(report, selected=1).figure().axes) == 3
