@@ -120,6 +120,13 @@ def test_the_picture_first_view_at_1280x800(browser, tmp_path, artifacts):
         fact = "ranks 4-7 differ from ranks 0-3"
         assert p.inner_text(".sv-head").count(fact) == 0
         assert p.inner_text("[data-shardviz-view=numerics]").count(fact) == 1
+        # Long lines wrap between words only, never mid-word.
+        wrap = p.eval_on_selector_all(
+            "pre.sv-lines, pre.sv-summary",
+            "els => els.map(e => [getComputedStyle(e).whiteSpace, getComputedStyle(e).wordBreak,"
+            " getComputedStyle(e).overflowWrap])",
+        )
+        assert wrap and all(w == ["pre-wrap", "normal", "normal"] for w in wrap), wrap
         # The group selector draws group 1: its shards are ranks 4-7.
         p.select_option("select[data-control=layout-group]", "1")
         p.wait_for_selector("[data-layout-group='1']")
