@@ -72,12 +72,17 @@ def plot_numerics(report: NumericsReport, *, title: str | None = None, row: int 
     )
     agree = row_agreement(chosen) if chosen is not None else None
     panels = 1 + int(heat) + int(agree is not None)
-    lines = _tree_lines(report)
+    lines, total = _tree_lines(report)
     height = max(3.8, 1.6 + 0.2 * len(lines))
     fig = Figure(figsize=(5.0 + 4.2 * (panels - 1), height), dpi=100, layout="constrained")
     widths = [1.2] + [1.0] * (panels - 1)
     axes = fig.subplots(1, panels, width_ratios=widths, squeeze=False)[0]
     _tree(axes[0], lines, report, chosen)
+    if total > len(lines):
+        beyond = "beyond tolerance, " if any(error_bin(t[1], t[2]) not in (0, 6) for t in lines) else ""
+        axes[0].set_title(
+            f"module tree, coloured by error ({len(lines)} {beyond}of {total} lines)", fontsize=9, loc="left"
+        )
     k = 1
     if heat and chosen is not None:
         _heatmap(axes[k], chosen)
@@ -92,8 +97,9 @@ def plot_numerics(report: NumericsReport, *, title: str | None = None, row: int 
     return fig
 
 
-def _tree_lines(report: NumericsReport) -> list[tuple[str, float | None, str, int]]:
-    """(label, worst, status, row index or -1) per tree line, at most MAX_LINES of them."""
+def _tree_lines(report: NumericsReport) -> tuple[list[tuple[str, float | None, str, int]], int]:
+    """(label, worst, status, row index or -1) per tree line, at most MAX_LINES of them (those
+    beyond tolerance first), and how many lines the tree has."""
     s = summary(report)
     L, R = s["lines"], s["rows"]
     out = []
@@ -109,7 +115,7 @@ def _tree_lines(report: NumericsReport) -> list[tuple[str, float | None, str, in
     if len(out) > MAX_LINES:
         bad = [t for t in out if error_bin(t[1], t[2]) not in (0, 6)]
         out = (bad or out)[:MAX_LINES]
-    return out
+    return out, len(L["depth"])
 
 
 def _tree(
@@ -161,7 +167,8 @@ def _heatmap(ax: Axes, row: DiffRow) -> None:
         shown, norm=LogNorm(vmin=10**lo, vmax=10**hi), cmap="magma_r", aspect="auto", interpolation="nearest"
     )
     lead = f" at [{', '.join(str(i) for i in index[:-2])}, :, :]" if len(index) > 2 else ""
-    ax.set_title(f"where: {row.module} {row.what}{lead}", fontsize=9, loc="left")
+    what = "where it differs" if row.differs else "largest error"
+    ax.set_title(f"{what}: {row.module} {row.what}{lead}", fontsize=9, loc="left")
     nd = len(row.shape or ())
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
