@@ -194,7 +194,7 @@ def _agreement(ax: Axes, agree: dict[str, Any]) -> None:
         ks = sorted(pos[r] for r in grp)
         if ks == list(range(ks[0], ks[-1] + 1)):
             ax.add_patch(_box(ks[0], ks[-1]))
-    ax.set_xlabel("rank (dark: the pair's copies equal on every element; pale: on none)", fontsize=8)
+    ax.set_xlabel("rank\n(dark: copies equal on every element; pale: on none)", fontsize=8)
     ax.set_ylabel("rank", fontsize=8)
     words = " | ".join(_ranges(g) for g in agree["groups"])
     ax.set_title(f"which ranks agree: {words}", fontsize=9, loc="left")
