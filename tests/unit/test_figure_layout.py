@@ -168,3 +168,44 @@ def test_pipeline_and_memory_figures_are_clean():
     b = rng.integers(0, 1 << 30, size=(len(events), world))
     m = MemoryTimeline(world, events, b, b.max(axis=0), tuple(int(x) for x in b.argmax(axis=0)))
     assert problems(sv.plot(m)) == []
+
+
+def _numerics_report(world: int, name: str) -> sv.NumericsReport:
+    """A tp run whose ranks of the second half disagree with the first, with a long module name."""
+    from shardviz.data.numerics import RawCapture, RawTensor, RowKey, build_run, compare
+    from shardviz.geometry.layout import compute
+
+    modules = [("", "LM")] + [(f"layers.{i}.{name}", "Linear") for i in range(6)]
+    y = np.arange(48.0, dtype=np.float32).reshape(6, 8)
+    keys = [RowKey(m, 0, "output", "") for m, _ in modules[1:]]
+    ref = build_run(
+        "plain torch",
+        RawCapture(
+            1, "LM", tuple(modules), tuple(RawTensor(k, i, "float32", {None: y}) for i, k in enumerate(keys))
+        ),
+    )
+    half = world // 2
+    lay = compute((6, 8), (half,), ["R"], ("tp",), groups=[list(range(half)), list(range(half, world))])
+    vals = {r: (y if r < half else y + 1) for r in range(world)}
+    tensors = tuple(RawTensor(k, i, "float32", vals, lay) for i, k in enumerate(keys))
+    return compare(ref, build_run("tp", RawCapture(world, "LM", tuple(modules), tensors)))
+
+
+@pytest.mark.parametrize("world", [2, 8, 64])
+def test_numerics_figures_are_clean(world):
+    assert problems(sv.plot(_numerics_report(world, LONG))) == []
+
+
+def test_playground_figures_are_clean():
+    for choice in (
+        {"shape": [10, 6], "mesh_shape": [4], "mesh_dim_names": ["tp"], "src": ["S(0)"], "dst": ["R"]},
+        {
+            "shape": [5, 7],
+            "mesh_shape": [2, 2],
+            "mesh_dim_names": [LONG, "tp"],
+            "src": ["S(0)", "S(1)"],
+            "dst": ["R", "S(0)"],
+        },
+    ):
+        pg = sv.playground(**{k: v for k, v in choice.items()})
+        assert problems(sv.plot(pg)) == [], choice
