@@ -137,7 +137,7 @@ def _tree(
     ax.axvline(1.0, color="#b00020", linewidth=1, linestyle="--")
     ax.set_yticks(
         range(n),
-        [t[0] if len(t[0]) <= 40 else t[0][:39] + "…" for t in lines],
+        [t[0] if len(t[0]) <= 40 else t[0][:20] + "…" + t[0][-19:] for t in lines],  # both ends tell
         fontsize=7,
         family="monospace",
     )
@@ -194,7 +194,7 @@ def _agreement(ax: Axes, agree: dict[str, Any]) -> None:
         ks = sorted(pos[r] for r in grp)
         if ks == list(range(ks[0], ks[-1] + 1)):
             ax.add_patch(_box(ks[0], ks[-1]))
-    ax.set_xlabel("rank\n(dark: copies equal on every element; pale: on none)", fontsize=8)
+    ax.set_xlabel("rank\n(dark: copies equal on every\nelement; pale: on none)", fontsize=8)
     ax.set_ylabel("rank", fontsize=8)
     words = " | ".join(_ranges(g) for g in agree["groups"])
     ax.set_title(f"which ranks agree: {words}", fontsize=9, loc="left")
