@@ -5,7 +5,6 @@ trace's timeline, read from the same step data as the widget (``steps.Model``)."
 from __future__ import annotations
 
 import textwrap
-
 from collections.abc import Mapping
 from typing import Any
 
