@@ -27,7 +27,7 @@ pytestmark = pytest.mark.browser
 # 1280 px wide minus JupyterLab's file browser and gutters: about 1000 px for the output area.
 SIDEBAR_PX = 280
 # A state colour closer than this (CIE76 deltaE) to a rank's colour reads as that rank.
-MIN_DELTA_E = 20.0
+MIN_DELTA_E = 25.0
 
 
 @pytest.fixture
@@ -62,9 +62,9 @@ CUT = """(root) => {
     const text = el.textContent.trim().slice(0, 60);
     if (el instanceof SVGElement) {
       if (el.tagName !== 'text') continue;
-      const svg = el.ownerSVGElement, b = el.getBBox();
-      const w = Number(svg.getAttribute('width')) || svg.getBoundingClientRect().width;
-      if (b.width && (b.x < -1 || b.x + b.width > w + 1)) out.push(`svg text past the edge: ${text}`);
+      const s = el.ownerSVGElement.getBoundingClientRect(), b = el.getBoundingClientRect();
+      if (b.width && (b.left < s.left - 1 || b.right > s.right + 1 || b.top < s.top - 1 || b.bottom > s.bottom + 1))
+        out.push(`svg text past the edge: ${text}`);
       continue;
     }
     if (el.tagName === 'OPTION' || el.tagName === 'SELECT') continue;
@@ -141,9 +141,9 @@ def too_close_to_a_rank(colours: list[list[Any]]) -> list[str]:
 
 
 def test_the_distance_check_catches_the_old_ring_colours() -> None:
-    # the partial-sum yellow and finished green the ring used before: one reads as rank 2's sand
+    # the partial-sum yellow the ring used before reads as rank 2's sand
     assert too_close_to_a_rank([["old partial", *_hex("#f3e6b3")]])
-    assert not too_close_to_a_rank([["grey", 77, 77, 77], ["pale grey", 236, 236, 236]])
+    assert not too_close_to_a_rank([["grey", 77, 77, 77], ["pale grey", 232, 232, 232]])
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +180,8 @@ def test_player_controls_and_the_steps_before_and_after_fit_together(laptop, tra
             p.click("[data-action=next]")
         p.wait_for_selector(f"{root}[data-detail-step='{k}']")
         flow = p.locator("[data-buf-side=after]").count() > 0
-        after = "[data-buf-side=after]" if flow else ".sv-layout-pair .sv-layout.sv-mini"
-        before = "[data-buf-side=before]" if flow else ".sv-layout-pair .sv-layout.sv-mini"
+        after = "[data-buf-side=after]" if flow else ".sv-layout-pair > :last-child"
+        before = "[data-buf-side=before]" if flow else ".sv-layout-pair > :first-child"
         p.locator(after).last.scroll_into_view_if_needed()
         # the step buttons, the current step's line and both rows: on screen at once
         assert on_screen(p, "[data-action=next]"), f"step {k}: next is off screen"
@@ -238,7 +238,7 @@ def test_layout_labels_over_the_heatmap_and_dimmed_stay_legible(laptop, tmp_path
         """els => els.map(e => { const c = getComputedStyle(e);
           return [c.display, c.fill, c.stroke, e.getBBox().width]; })""",
     )
-    assert len(labels) == 4
+    assert len(labels) >= 4  # each rank's name (and its local shape)
     for display, fill, stroke, width in labels:
         assert display != "none" and width > 0
         assert (fill, stroke) == ("rgb(0, 0, 0)", "rgb(255, 255, 255)")

@@ -145,17 +145,18 @@ function drawRingState(p, box, d, ring) {
           height: ch - 4,
           rx: 3,
           ...(fill ? { fill } : {}),
-          "fill-opacity": state === "own" ? 0.45 : 1,
           class: mask === 0 ? "sv-ring-empty" : "sv-ring-rect",
         },
         g,
       );
       const label = mask === 0 ? "—" : full ? `all ${n}` : who.map((r) => `r${r}`).join("+");
-      svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g).textContent =
-        label.length > 16 ? `${who.length} ranks` : label;
+      const whoText = svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g);
+      whoText.textContent = label.length > 16 ? `${who.length} ranks` : label;
       const v = val(p.ringState, i, c);
-      if (v !== null)
-        svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g).textContent = list(v, meta.chunk_sizes[i][c], 15);
+      const valText = v === null ? null : svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g);
+      if (valText) valText.textContent = list(v, meta.chunk_sizes[i][c], 15);
+      // one rank's chunk in that rank's full colour, its text in the ink that reads on it
+      if (state === "own") for (const t of [whoText, valText]) if (t) t.style.fill = styleOf(p, who[0]).text;
     }
   }
   // this step's sends: chunk c from row i to row i+1 (the last row wraps to the first)
