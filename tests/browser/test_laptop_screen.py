@@ -179,15 +179,17 @@ def test_player_controls_and_the_steps_before_and_after_fit_together(laptop, tra
         if k:
             p.click("[data-action=next]")
         p.wait_for_selector(f"{root}[data-detail-step='{k}']")
-        flow = p.locator("[data-buf-side=after]").count() > 0
-        after = "[data-buf-side=after]" if flow else ".sv-layout-pair > :last-child"
-        before = "[data-buf-side=before]" if flow else ".sv-layout-pair > :first-child"
+        p.wait_for_selector("[data-buf-side=out], .sv-layout-pair")
+        flow = p.locator("[data-buf-side=out]").count() > 0
+        after = "[data-buf-side=out]" if flow else ".sv-layout-pair > :last-child"
+        before = "[data-buf-side=in]" if flow else ".sv-layout-pair > :first-child"
         p.locator(after).last.scroll_into_view_if_needed()
         # the step buttons, the current step's line and both rows: on screen at once
         assert on_screen(p, "[data-action=next]"), f"step {k}: next is off screen"
         assert on_screen(p, before) and on_screen(p, after), f"step {k}: before / after off screen"
         p.screenshot(path=str(out / f"player_step_{k}.png"))
         assert cut_labels(p, root) == [], f"step {k}"
+        assert rank_colours_only_for_ranks(p, root) == [], f"step {k}"
     # the step list: each source line in full, on its own line
     srcs = p.eval_on_selector_all(".sv-row-src", "els => els.map(e => e.textContent)")
     assert any("line_that_is_long_enough_to_be_cut_in_a_narrow_column" in s for s in srcs), srcs
@@ -202,7 +204,7 @@ def test_the_ring_states_are_greys_with_a_legend_never_a_ranks_colour(laptop, tr
     p.click("[data-action=ring]")
     p.wait_for_selector(".sv-ring-svg")
     seen: set[str] = set()
-    while True:
+    while p.locator(".sv-ring-svg").count():
         seen |= set(p.eval_on_selector_all("[data-ring-state]", "els => els.map(e => e.dataset.ringState)"))
         assert p.locator("[data-ring-legend]").count() == 1
         colours = p.eval_on_selector_all(
@@ -216,12 +218,11 @@ def test_the_ring_states_are_greys_with_a_legend_never_a_ranks_colour(laptop, tr
         if seen >= {"own", "partial", "done"}:
             p.locator(".sv-ring").scroll_into_view_if_needed()
             p.screenshot(path=str(out / "player_ring.png"))
-        if p.locator("[data-action=ring-next]").is_disabled():
-            break
         p.click("[data-action=ring-next]")
     assert seen >= {"own", "partial", "done"}, seen
-    swatches = p.eval_on_selector_all("[data-ring-swatch]", "els => els.map(e => e.dataset.ringSwatch)")
-    assert swatches == [], "the final state shows the check table, not the legend"
+    # the last state is the check against the recorded output, with no chunk grid to explain
+    assert p.locator("table.sv-ring-final").count() == 1
+    assert p.locator("[data-ring-legend]").count() == 0
     no_trouble(laptop)
 
 
@@ -250,7 +251,7 @@ def test_layout_labels_over_the_heatmap_and_dimmed_stay_legible(laptop, tmp_path
         ".sv-hl .sv-tensor .sv-block:not(:has(.sv-on)) .sv-label",
         "els => els.map(e => { const c = getComputedStyle(e); return [c.fill, c.stroke, c.opacity]; })",
     )
-    assert len(dimmed) == 3
+    assert len(dimmed) >= 3  # the three other ranks' names (and shapes)
     # solid grey letters on a white halo, not a faded outline around faded letters
     assert all(d == ["rgb(138, 138, 138)", "rgb(255, 255, 255)", "1"] for d in dimmed), dimmed
     p.screenshot(path=str(out / "layout_dimmed.png"))
