@@ -49,9 +49,9 @@ def no_trouble(page: Any) -> None:
     assert page.blocked == [], page.blocked
 
 
-# Text that does not fit: an HTML element whose own text overflows it (unless it carries a title
-# that says the whole), or is clipped by an ancestor that hides overflow; an SVG text past its
-# picture's edge.
+# Text that does not fit: an HTML element whose own text overflows it (unless it ends in an
+# ellipsis and carries a title that says the whole), or runs past an ancestor that clips or
+# scrolls it; an SVG text past its picture's edge.
 CUT = """(root) => {
   const out = [];
   const own = (el) => [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
@@ -68,14 +68,14 @@ CUT = """(root) => {
       continue;
     }
     if (el.tagName === 'OPTION' || el.tagName === 'SELECT') continue;
-    if (el.scrollWidth > el.clientWidth + 1 && cs.overflow !== 'visible' && !el.closest('[title]'))
-      out.push(`ellipsized without a title: ${text}`);
+    if (el.scrollWidth > el.clientWidth + 1 && cs.overflow !== 'visible')
+      if (cs.textOverflow !== 'ellipsis' || !el.closest('[title]')) out.push(`cut: ${text}`);
     const r = el.getBoundingClientRect();
     for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
       const o = getComputedStyle(a);
-      if (o.overflowX === 'visible' || o.overflowX === 'auto' || o.overflowX === 'scroll') continue;
+      if (o.overflowX === 'visible') continue;  // a scroller hides text too, until scrolled
       const ar = a.getBoundingClientRect();
-      if (r.right > ar.right + 1 && !el.closest('[title]')) { out.push(`clipped: ${text}`); break; }
+      if (r.right > ar.right + 1) { out.push(`clipped: ${text}`); break; }
     }
   }
   return out;
