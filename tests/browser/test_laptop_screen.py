@@ -63,8 +63,8 @@ CUT = """(root) => {
     if (el instanceof SVGElement) {
       if (el.tagName !== 'text') continue;
       const s = el.ownerSVGElement.getBoundingClientRect(), b = el.getBoundingClientRect();
-      if (b.width && (b.left < s.left - 1 || b.right > s.right + 1 || b.top < s.top - 1 || b.bottom > s.bottom + 1))
-        out.push(`svg text past the edge: ${text}`);
+      const out_ = b.left < s.left - 1 || b.right > s.right + 1 || b.top < s.top - 1 || b.bottom > s.bottom + 1;
+      if (b.width && out_) out.push(`svg text past the edge: ${text}`);
       continue;
     }
     if (el.tagName === 'OPTION' || el.tagName === 'SELECT') continue;
@@ -262,7 +262,8 @@ def test_layout_labels_over_the_heatmap_and_dimmed_stay_legible(laptop, tmp_path
 def test_a_greyed_out_heatmap_box_says_why(laptop, tmp_path, artifacts):
     out = artifacts / "laptop"
     out.mkdir(parents=True, exist_ok=True)
-    p = open_view(laptop, sv.export_html(sv.layout((8, 8), (2, 2), ["S(0)", "S(1)"]), tmp_path / "geo.html"), "layout")
+    geometry_only = sv.layout((8, 8), (2, 2), ["S(0)", "S(1)"])
+    p = open_view(laptop, sv.export_html(geometry_only, tmp_path / "geo.html"), "layout")
     assert p.is_disabled("[data-control=heatmap]")
     why = p.text_content("[data-heat-why]")
     assert why is not None and "geometry only" in why
@@ -289,10 +290,9 @@ def rank_colours_only_for_ranks(p: Any, root: str) -> list[str]:
 
 
 def test_model_map_numerics_and_playground_fit_a_laptop(laptop, tmp_path, artifacts):
+    from test_numerics_browser import report  # the same small report (tests/browser is on the path)
     from torch import nn
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    from test_numerics_browser import report  # the same small report (tests/browser is on the path)
 
     out = artifacts / "laptop"
     out.mkdir(parents=True, exist_ok=True)
