@@ -63,8 +63,9 @@ CUT = """(root) => {
     if (el instanceof SVGElement) {
       if (el.tagName !== 'text') continue;
       const s = el.ownerSVGElement.getBoundingClientRect(), b = el.getBoundingClientRect();
-      const out_ = b.left < s.left - 1 || b.right > s.right + 1 || b.top < s.top - 1 || b.bottom > s.bottom + 1;
-      if (b.width && out_) out.push(`svg text past the edge: ${text}`);
+      const past =
+        b.left < s.left - 1 || b.right > s.right + 1 || b.top < s.top - 1 || b.bottom > s.bottom + 1;
+      if (b.width && past) out.push(`svg text past the edge: ${text}`);
       continue;
     }
     if (el.tagName === 'OPTION' || el.tagName === 'SELECT') continue;
