@@ -249,10 +249,13 @@ def test_layout_labels_over_the_heatmap_and_dimmed_stay_legible(laptop, tmp_path
     p.click(".sv-cell[data-rank='1']")
     p.wait_for_selector(".sv-hl")
     dimmed = p.eval_on_selector_all(
-        ".sv-hl .sv-tensor .sv-block:not(:has(.sv-on)) .sv-label",
-        "els => els.map(e => { const c = getComputedStyle(e); return [c.fill, c.stroke, c.opacity]; })",
+        ".sv-hl .sv-tensor .sv-block:not(:has(.sv-on)) .sv-label, .sv-hl .sv-cell:not(.sv-on) .sv-label",
+        """els => els.map(e => { const c = getComputedStyle(e);
+          let o = 1;  // the opacity it is drawn with: its own times every ancestor's
+          for (let a = e; a; a = a.parentElement) o *= Number(getComputedStyle(a).opacity);
+          return [c.fill, c.stroke, String(o)]; })""",
     )
-    assert len(dimmed) >= 3  # the three other ranks' names (and shapes)
+    assert len(dimmed) >= 6  # the three other ranks' names (and shapes), in the tensor and the mesh
     # solid grey letters on a white halo, not a faded outline around faded letters
     assert all(d == ["rgb(138, 138, 138)", "rgb(255, 255, 255)", "1"] for d in dimmed), dimmed
     p.screenshot(path=str(out / "layout_dimmed.png"))
