@@ -100,7 +100,7 @@ COLOURS = """(els) => {
   };
   for (const el of els) {
     const cs = getComputedStyle(el);
-    for (const k of ['fill', 'stroke', 'backgroundColor', 'backgroundImage']) {
+    for (const k of ['fill', 'stroke', 'color', 'backgroundColor', 'backgroundImage', 'borderLeftColor']) {
       const v = cs[k];
       const url = /url\\("?#([^")]+)"?\\)/.exec(v);
       if (url) {
