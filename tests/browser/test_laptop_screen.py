@@ -284,6 +284,8 @@ def rank_colours_only_for_ranks(p: Any, root: str) -> list[str]:
         for s in (
             ".sv-selected",
             ".sv-row-current",
+            ".sv-current",
+            ".sv-badge",
             ".sv-ok",
             ".sv-bad",
             ".sv-warning",
