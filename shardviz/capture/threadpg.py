@@ -166,8 +166,9 @@ class RankThreads:
         self.world_size = world_size
         # One lock; the notebook's thread waits on ``cond``, each rank on its own condition, so
         # that a hand-over wakes the one rank whose turn it is, not every rank thread.
-        self.cond = threading.Condition()
-        self._wake = [threading.Condition(self.cond) for _ in range(world_size)]
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self._wake = [threading.Condition(lock) for _ in range(world_size)]
         self._inbox: list[queue.SimpleQueue[_Job | None]] = [queue.SimpleQueue() for _ in range(world_size)]
         self._clock = itertools.count()
         self._state: dict[int, tuple[Any, ...]] = {}  # each rank's process-wide torch state
