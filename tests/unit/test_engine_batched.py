@@ -159,6 +159,24 @@ def test_small_llama_tp_step():
 
 
 @needs_batched
+def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits():
+    # A rank's [3, 10] float32 slice of a stack starts 120 bytes after the previous one: the
+    # matrix kernels took another code path there and rounded the last bit otherwise (FSDP's
+    # linear layers on 4 ranks: weights 1 ulp off lockstep's, then plain torch's).
+    def program() -> Any:
+        rank = dist.get_rank()
+        x = torch.randn(3, 10) * (rank + 1)
+        w = torch.randn(4, 10)
+        b = torch.randn(4)
+        y = torch.nn.functional.linear(x, w, b)
+        out = [y, torch.addmm(b, x, w.t()), x @ w.t(), torch.bmm(x[None], w.t()[None]), y.t() @ x]
+        dist.all_reduce(out[-1])
+        return out
+
+    _both(4, program)
+
+
+@needs_batched
 def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")
     b = choose.current()

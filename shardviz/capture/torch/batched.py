@@ -493,6 +493,8 @@ class BatchedLocalTensorMode(LocalTensorMode):
             return super().__torch_dispatch__(func, (), args, kwargs)
         if _lt_module._check_for_subclass(flat):
             return NotImplemented
+        if info.route is _LOOP and info.write_arg is None:
+            args, kwargs = _own_locals((args, kwargs))  # each rank's kernel at its own alignment
         out = _for_each_rank_run_func(func, self.ranks, args, kwargs, alias=False)
         if _lt_module._is_inplace_op(func):
             if info.route is _INPLACE_VIEW and type(out) is StackedLocalTensor:
@@ -856,6 +858,23 @@ def _as_own_tensors(views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]
         return views
     want = views[0].data_ptr() % _KERNEL_ALIGNMENT
     return tuple(v if v.data_ptr() % _KERNEL_ALIGNMENT == want else _realigned(v, want) for v in views)
+
+
+def _own_locals(x: Any) -> Any:
+    """``x`` with every LocalTensor's per-rank slices of a stack realigned (``_as_own_tensors``)."""
+    if isinstance(x, LocalTensor):
+        with _DisableTorchDispatch():
+            lts = x._local_tensors
+            ranks = sorted(lts)
+            views = _as_own_tensors(tuple(lts[r] for r in ranks))
+            if all(v is lts[r] for v, r in zip(views, ranks, strict=True)):
+                return x
+            return LocalTensor(dict(zip(ranks, views, strict=True)))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_own_locals(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _own_locals(v) for k, v in x.items()}
+    return x
 
 
 def _realigned(v: torch.Tensor, want: int) -> torch.Tensor:
