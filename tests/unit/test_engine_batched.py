@@ -177,6 +177,19 @@ def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits
 
 
 @needs_batched
+def test_as_strided_with_an_offset_reads_each_ranks_own_memory():
+    # FSDP2 cuts each rank's gradient shard out of the reduce-scatter's output with as_strided
+    # and a storage offset: on slices of one stack, every rank read rank 0's shard.
+    def program() -> Any:
+        rank = dist.get_rank()
+        t = (torch.arange(12.0) * (rank + 1)).reshape(3, 4) + 0
+        dist.all_reduce(t.clone())
+        return [torch.as_strided(t, (2, 2), (4, 1), 5), t.as_strided((3,), (2,), 1).clone() * 2]
+
+    _both(4, program)
+
+
+@needs_batched
 def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")
     b = choose.current()

@@ -495,6 +495,8 @@ class BatchedLocalTensorMode(LocalTensorMode):
             return NotImplemented
         if info.route is _LOOP and info.write_arg is None:
             args, kwargs = _own_locals((args, kwargs))  # each rank's kernel at its own alignment
+        elif func in _AS_STRIDED:
+            args, kwargs = _offsets_per_rank(args, kwargs)
         out = _for_each_rank_run_func(func, self.ranks, args, kwargs, alias=False)
         if _lt_module._is_inplace_op(func):
             if info.route is _INPLACE_VIEW and type(out) is StackedLocalTensor:
@@ -858,6 +860,36 @@ def _as_own_tensors(views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]
         return views
     want = views[0].data_ptr() % _KERNEL_ALIGNMENT
     return tuple(v if v.data_ptr() % _KERNEL_ALIGNMENT == want else _realigned(v, want) for v in views)
+
+
+_AS_STRIDED = {aten.as_strided.default, aten.as_strided_.default}
+
+
+def _offsets_per_rank(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``as_strided``'s storage offset counts from the start of a rank's own storage: where the
+    ranks' tensors are slices of one stack, rank r's slice starts further in, and the offset
+    follows it (else every rank would read rank 0's memory: FSDP's gradient shards)."""
+    x = args[0] if args else None
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    if not isinstance(x, LocalTensor) or offset is None or not isinstance(offset, int):
+        return args, kwargs
+    with _DisableTorchDispatch():
+        lts = x._local_tensors
+        ranks = sorted(lts)
+        if len({lts[r].untyped_storage().data_ptr() for r in ranks}) != 1:
+            return args, kwargs  # each rank in a storage of its own: the offset is right as it is
+        first = lts[ranks[0]].storage_offset()
+        shifted = {r: offset + lts[r].storage_offset() - first for r in ranks}
+    if len(set(shifted.values())) == 1:
+        return args, kwargs
+    from .per_rank import per_rank_int
+
+    per = per_rank_int(shifted)
+    if len(args) > 3:
+        return (*args[:3], per, *args[4:]), kwargs
+    return args, {**kwargs, "storage_offset": per}
 
 
 def _own_locals(x: Any) -> Any:
