@@ -190,6 +190,24 @@ def test_as_strided_with_an_offset_reads_each_ranks_own_memory():
 
 
 @needs_batched
+def test_a_factory_on_a_local_shard_records_no_op_the_ranks_do_not_run():
+    # The differential test's Partial inputs: torch.full_like on a shard taken with to_local(),
+    # the recorder reading each rank's values. The stacked tensor's per-rank views referred back
+    # to it, a cycle that kept it alive: torch then handed the user a detached alias of the
+    # result, and the recorder showed an aten.detach no rank runs (lockstep records none).
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        local = distribute_tensor(torch.arange(4.0), mesh, [Replicate(), Replicate()]).to_local()
+        for m in range(2):
+            first = (torch.ones(()) * mesh.get_local_rank(m) == 0).float()
+            share = torch.full_like(local, 0.5)
+            local = first * (local - share) + (1 - first) * share
+        return [local, torch.zeros_like(local), torch.full_like(local, 2.0)]
+
+    _both(4, program)
+
+
+@needs_batched
 def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")
     b = choose.current()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -34,13 +35,18 @@ class _RankViews(dict):
     from then on, as in any LocalTensor."""
 
     __slots__ = ("owner",)
-    owner: Any
+    # A weak reference: the tensor holds this dict, and a strong one back would keep the tensor
+    # alive in a cycle. torch hands a factory's result (``torch.full_like``) to the user as is only
+    # while nothing else refers to it; else it makes a detached alias, dispatched as an op no real
+    # rank runs (an ``aten.detach`` the recorder would show).
+    owner: weakref.ref[Any] | None
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        owner = getattr(self, "owner", None)
+        ref = getattr(self, "owner", None)
+        owner = ref() if ref is not None else None
         if owner is not None:
             owner.__dict__["_stk"] = None
-            self.owner = None
+        self.owner = None
         super().__setitem__(key, value)
 
 
@@ -57,7 +63,7 @@ class StackedLocalTensor(LocalTensor):
         stk = self.__dict__["_stk"]
         with _DisableTorchDispatch():
             views = _RankViews(zip(range(stk.shape[0]), stk.unbind(0), strict=True))
-        views.owner = self
+        views.owner = weakref.ref(self)
         _SLOT.__set__(self, views)
         return views
 
