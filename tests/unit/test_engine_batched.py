@@ -5,6 +5,7 @@ independent expectation here."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 import shardviz as sv
 from shardviz.backends import choose, session
 from shardviz.capture import torch as _torch
+from shardviz.errors import SimulationWarning
 from shardviz.examples.llama import ModelArgs, Transformer, parallelize
 
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -205,6 +207,27 @@ def test_a_factory_on_a_local_shard_records_no_op_the_ranks_do_not_run():
         return [local, torch.zeros_like(local), torch.full_like(local, 2.0)]
 
     _both(4, program)
+
+
+@needs_batched
+def test_a_large_buffer_written_unseen_after_a_collective_keeps_the_collectives_values():
+    # Lockstep aliases a large buffer and drops its values when a write bypasses dispatch; a rank's
+    # buffer here is a slice of one stack, copied at once: the values the collective left, by hand.
+    sv.use("local", world_size=4, engine="batched")
+    n = 20_000
+    with warnings.catch_warnings(record=True) as caught, sv.record() as trace:
+        warnings.simplefilter("always")
+        t = sv.per_rank(lambda r: torch.full((n,), float(r)))
+        dist.all_reduce(t)
+        assert _torch.local_tensors(t)[1].untyped_storage().nbytes() == 4 * n * 4  # one stack
+        with _torch.no_dispatch():
+            for x in _torch.local_tensors(t).values():
+                x.fill_(-1.0)
+    (c,) = trace.collectives()
+    for r in range(4):
+        assert c.inputs[r].values is not None and bool((c.inputs[r].values == r).all())
+        assert c.outputs[r].values is not None and bool((c.outputs[r].values == 6.0).all())
+    assert not [w for w in caught if issubclass(w.category, SimulationWarning)]
 
 
 @needs_batched
