@@ -192,6 +192,22 @@ def test_as_strided_with_an_offset_reads_each_ranks_own_memory():
 
 
 @needs_batched
+def test_as_strided_is_a_view_that_sees_later_writes():
+    # FSDP2's unsharded parameter is an as_strided view of its all-gather buffer, which each step
+    # gathers into anew: the batched engine made it a stacked copy, stale from the second step.
+    def program() -> Any:
+        rank = dist.get_rank()
+        buf = torch.zeros(2 * 8)
+        dist.all_gather_into_tensor(buf, torch.ones(8) * (rank + 1))
+        param = torch.as_strided(buf, (4, 4), (4, 1), 0)
+        dist.all_gather_into_tensor(buf, torch.arange(8.0) * (rank + 1))
+        buf.add_(rank)
+        return [param.clone(), buf]
+
+    _both(2, program)
+
+
+@needs_batched
 def test_a_factory_on_a_local_shard_records_no_op_the_ranks_do_not_run():
     # The differential test's Partial inputs: torch.full_like on a shard taken with to_local(),
     # the recorder reading each rank's values. The stacked tensor's per-rank views referred back

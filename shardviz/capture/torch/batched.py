@@ -221,6 +221,9 @@ class _OpInfo:
             if "dropout_p" in names:
                 i = names.index("dropout_p")
                 self.dropout_at = (i, float(schema.arguments[i].default_value or 0.0))
+        info = get_alias_info(func)
+        # A per-rank op's views too (``as_strided``): its result shares its input's memory.
+        self.alias_pairs = tuple(info.read_only_alias_match_indexes)
         if (
             torch.Tag.nondeterministic_seeded in tags
             or func in _NEVER_BATCHED
@@ -232,8 +235,6 @@ class _OpInfo:
         ):
             self.route = _PER_RANK  # random, a number or a bool back, out= variants
             return
-        info = get_alias_info(func)
-        self.alias_pairs = tuple(info.read_only_alias_match_indexes)
         writes = [
             i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
         ]
@@ -507,7 +508,14 @@ class BatchedLocalTensorMode(LocalTensorMode):
             if all(type(args[i]) is StackedLocalTensor for i, _ in info.alias_pairs):
                 out = _adopt(out, view=True)
         else:
-            out = _adopt(out, view=False)
+            # A result over an argument's memory stays a view of it, never a stacked copy.
+            held = {
+                v.untyped_storage()._cdata
+                for a in flat
+                if isinstance(a, LocalTensor)
+                for v in a._local_tensors.values()
+            }
+            out = _adopt(out, view=False, held=held)
         _alias_outputs(info, args, out)
         if info.write_arg is not None:
             return args[info.write_arg]
