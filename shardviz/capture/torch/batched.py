@@ -446,24 +446,12 @@ class BatchedLocalTensorMode(LocalTensorMode):
         arithmetic as per rank, without LocalTensorMode's Python around each call."""
         world = self._world
         slices: dict[int, tuple[torch.Tensor, ...]] = {}
-
-        def at(a: Any, r: int) -> Any:
-            t = type(a)
-            if t is StackedLocalTensor:
-                views = slices.get(id(a))
-                if views is None:
-                    views = slices[id(a)] = _as_own_tensors(a.__dict__["_stk"].unbind(0))
-                return views[r]
-            if t is list or t is tuple:
-                return t(at(b, r) for b in a)
-            return a
-
         out_op: Any = info.out_op
         results = []
         stk = None
         for r in range(world):
-            rargs = tuple(at(a, r) for a in args)
-            rkwargs = {k: at(v, r) for k, v in kwargs.items()} if kwargs else kwargs
+            rargs = tuple(_at_rank(a, r, slices) for a in args)
+            rkwargs = {k: _at_rank(v, r, slices) for k, v in kwargs.items()} if kwargs else kwargs
             if stk is not None:
                 out_op(*rargs, **rkwargs, out=stk[r])  # the same kernel, writing in place
                 continue
@@ -520,6 +508,21 @@ class BatchedLocalTensorMode(LocalTensorMode):
         if info.write_arg is not None:
             return args[info.write_arg]
         return out
+
+
+def _at_rank(a: Any, r: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any:
+    """Rank ``r``'s slice of a stacked argument (lists too), each stack cut once into ``slices``.
+    A function of the module, not a closure calling itself: that would be a reference cycle
+    holding the slices, and so the stacks' memory, until the garbage collector ran."""
+    t = type(a)
+    if t is StackedLocalTensor:
+        views = slices.get(id(a))
+        if views is None:
+            views = slices[id(a)] = _as_own_tensors(a.__dict__["_stk"].unbind(0))
+        return views[r]
+    if t is list or t is tuple:
+        return t(_at_rank(b, r, slices) for b in a)
+    return a
 
 
 stacked.MODE_FOR[0] = BatchedLocalTensorMode
