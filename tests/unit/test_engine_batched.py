@@ -5,6 +5,7 @@ independent expectation here."""
 
 from __future__ import annotations
 
+import copy
 import gc
 import warnings
 from collections.abc import Callable
@@ -232,6 +233,21 @@ def test_memory_a_program_dropped_is_free_as_on_lockstep():
         return trace.memory.end.tolist(), trace.memory.peak.tolist()
 
     assert counted("batched") == counted("lockstep")
+
+
+@needs_batched
+def test_a_shard_cut_from_a_stack_has_each_ranks_own_storage_offset():
+    # A shard held as slices of one stack reported each slice's offset in the stack (0, 2, 4, 6):
+    # a per-rank offset in the DTensor, whose data_ptr() then failed ("symbolic sizes"), and
+    # copy.deepcopy with it. Lockstep: offset 0 on every rank.
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+        assert dt.storage_offset() == 0 and dt.to_local().storage_offset() == 0
+        c = copy.deepcopy(dt)
+        return [c, c.redistribute(mesh, [Replicate()])]
+
+    _both(4, program)
 
 
 @needs_batched

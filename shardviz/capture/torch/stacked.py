@@ -312,6 +312,16 @@ def metadata(func: Any, t: StackedLocalTensor) -> Any:
             return stk.storage_offset()
         if packet is aten.sym_numel:
             return stk[0].numel() if stk.shape[0] else 0
+    elif packet is aten.sym_storage_offset:
+        # Ranks held as evenly spaced slices of one memory: each sits at the offset of rank 0's
+        # within its own slot, as each rank's own tensor would (per rank, each slice's offset
+        # counts the ranks before it too: a per-rank offset DTensor cannot take).
+        per = t._local_tensors
+        values = [per[r] for r in range(len(per))] if all(r in per for r in range(len(per))) else []
+        if values and uniform(values):
+            slices = _as_slices(values)
+            if slices is not None:
+                return slices.storage_offset()
     with _DisableTorchDispatch():
         per_rank = {r: func(v) for r, v in t._local_tensors.items()}
     first = next(iter(per_rank.values()))
