@@ -895,9 +895,7 @@ def _offsets_per_rank(
         shifted = {r: offset + lts[r].storage_offset() - first for r in ranks}
     if len(set(shifted.values())) == 1:
         return args, kwargs
-    from .per_rank import per_rank_int
-
-    per = per_rank_int(shifted)
+    per = torch.SymInt(LocalIntNode(shifted))  # a per-rank int, as LocalTensorMode makes them
     if len(args) > 3:
         return (*args[:3], per, *args[4:]), kwargs
     return args, {**kwargs, "storage_offset": per}
