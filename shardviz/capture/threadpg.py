@@ -164,7 +164,11 @@ class RankThreads:
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self.cond = threading.Condition()
+        # One lock; the notebook's thread waits on ``cond``, each rank on its own condition, so
+        # that a hand-over wakes the one rank whose turn it is, not every rank thread.
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self._wake = [threading.Condition(lock) for _ in range(world_size)]
         self._inbox: list[queue.SimpleQueue[_Job | None]] = [queue.SimpleQueue() for _ in range(world_size)]
         self._clock = itertools.count()
         self._state: dict[int, tuple[Any, ...]] = {}  # each rank's process-wide torch state
@@ -263,7 +267,7 @@ class RankThreads:
             with cond:
                 self.idents[rank] = threading.get_ident()
                 while self.turn != rank and self.error is None:
-                    cond.wait()
+                    self._wake[rank].wait()
             if self.error is not None:
                 raise _Aborted()
             self.started.add(rank)
@@ -298,7 +302,8 @@ class RankThreads:
                     self.waiting.pop(rank, None)
                     self._busy.discard(rank)
                     self._pass_baton(rank)
-                    self.cond.notify_all()
+                    self._notify()
+                    self.cond.notify_all()  # the notebook's thread, waiting for the run's end
                 return
             except _Aborted:
                 continue
@@ -311,6 +316,15 @@ class RankThreads:
         self.positions = {r: self.where(r) for r in range(self.world_size) if r != rank}
         self.error, self.error_rank = error, rank
         self.stop.set()  # a rank sleeping in time.sleep wakes and stops
+
+    def _notify(self) -> None:
+        """With the lock held, after the turn moved or the run failed: wake the rank whose turn it
+        is (one thread), or, once the run failed, every rank, so that each stops."""
+        if self.error is not None:
+            for wake in self._wake:
+                wake.notify()
+        elif self.turn is not None:
+            self._wake[self.turn].notify()
 
     def _switch_in(self, rank: int) -> None:
         """This rank takes the baton: its torch state (generator, default dtype, DTensor's op
@@ -360,12 +374,13 @@ class RankThreads:
                 if nxt is None:
                     self._fail(DeadlockError(self._deadlock_text()), None)
                     self.turn = None
+                    self._notify()
                     cond.notify_all()
                     raise _Aborted()
                 self.turn = nxt
-                cond.notify_all()
+                self._notify()
                 while self.turn != rank and self.error is None:
-                    cond.wait()
+                    self._wake[rank].wait()
                 self.waiting.pop(rank, None)
             if self.error is not None:
                 raise _Aborted()
@@ -483,6 +498,7 @@ class RankThreads:
         sleep at once), and the others, which wait for their turn, with it."""
         self._fail(error, None)
         running = self.turn
+        self._notify()
         self.cond.notify_all()
         if running is not None and running not in self.finished:
             ident = self.idents.get(running)

@@ -5,6 +5,9 @@ independent expectation here."""
 
 from __future__ import annotations
 
+import copy
+import gc
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +20,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 import shardviz as sv
 from shardviz.backends import choose, session
 from shardviz.capture import torch as _torch
+from shardviz.errors import SimulationWarning
 from shardviz.examples.llama import ModelArgs, Transformer, parallelize
 
 TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -156,6 +160,133 @@ def test_small_llama_tp_step():
         return [loss, *[p for _, p in sorted(model.named_parameters())]]
 
     _both(2, program)
+
+
+@needs_batched
+def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits():
+    # A rank's [3, 10] float32 slice of a stack starts 120 bytes after the previous one: the
+    # matrix kernels took another code path there and rounded the last bit otherwise (FSDP's
+    # linear layers on 4 ranks: weights 1 ulp off lockstep's, then plain torch's).
+    def program() -> Any:
+        rank = dist.get_rank()
+        x = torch.randn(3, 10) * (rank + 1)
+        w = torch.randn(4, 10)
+        b = torch.randn(4)
+        y = torch.nn.functional.linear(x, w, b)
+        out = [y, torch.addmm(b, x, w.t()), x @ w.t(), torch.bmm(x[None], w.t()[None]), y.t() @ x]
+        dist.all_reduce(out[-1])
+        return out
+
+    _both(4, program)
+
+
+@needs_batched
+def test_as_strided_with_an_offset_reads_each_ranks_own_memory():
+    # FSDP2 cuts each rank's gradient shard out of the reduce-scatter's output with as_strided
+    # and a storage offset: on slices of one stack, every rank read rank 0's shard.
+    def program() -> Any:
+        rank = dist.get_rank()
+        t = (torch.arange(12.0) * (rank + 1)).reshape(3, 4) + 0
+        dist.all_reduce(t.clone())
+        return [torch.as_strided(t, (2, 2), (4, 1), 5), t.as_strided((3,), (2,), 1).clone() * 2]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_as_strided_is_a_view_that_sees_later_writes():
+    # FSDP2's unsharded parameter is an as_strided view of its all-gather buffer, which each step
+    # gathers into anew: the batched engine made it a stacked copy, stale from the second step.
+    def program() -> Any:
+        rank = dist.get_rank()
+        buf = torch.zeros(2 * 8)
+        dist.all_gather_into_tensor(buf, torch.ones(8) * (rank + 1))
+        param = torch.as_strided(buf, (4, 4), (4, 1), 0)
+        dist.all_gather_into_tensor(buf, torch.arange(8.0) * (rank + 1))
+        buf.add_(rank)
+        return [param.clone(), buf]
+
+    _both(2, program)
+
+
+@needs_batched
+def test_memory_a_program_dropped_is_free_as_on_lockstep():
+    # The per-rank kernels' slices of their input stacks were held in a reference cycle, so a
+    # stack the program dropped stayed counted until the garbage collector ran (test_memory's
+    # FSDP2 step ended with 2820 bytes a rank where lockstep counts 2048). The collector is off,
+    # as between its runs.
+    def counted(engine: str) -> tuple[list[int], list[int]]:
+        sv.use("local", world_size=2, engine=engine)
+        torch.manual_seed(0)
+        gc.disable()
+        try:
+            with sv.record(memory=True) as trace:
+                x = torch.randn(4, 16)
+                w = torch.randn(16, 8)
+                y = x @ w
+                del x
+                z = (y @ w.t()).sum()
+                del y
+        finally:
+            gc.enable()
+        assert z is not None
+        return trace.memory.end.tolist(), trace.memory.peak.tolist()
+
+    assert counted("batched") == counted("lockstep")
+
+
+@needs_batched
+def test_a_shard_cut_from_a_stack_has_each_ranks_own_storage_offset():
+    # A shard held as slices of one stack reported each slice's offset in the stack (0, 2, 4, 6):
+    # a per-rank offset in the DTensor, whose data_ptr() then failed ("symbolic sizes"), and
+    # copy.deepcopy with it. Lockstep: offset 0 on every rank.
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+        assert dt.storage_offset() == 0 and dt.to_local().storage_offset() == 0
+        c = copy.deepcopy(dt)
+        return [c, c.redistribute(mesh, [Replicate()])]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_a_factory_on_a_local_shard_records_no_op_the_ranks_do_not_run():
+    # The differential test's Partial inputs: torch.full_like on a shard taken with to_local(),
+    # the recorder reading each rank's values. The stacked tensor's per-rank views referred back
+    # to it, a cycle that kept it alive: torch then handed the user a detached alias of the
+    # result, and the recorder showed an aten.detach no rank runs (lockstep records none).
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        local = distribute_tensor(torch.arange(4.0), mesh, [Replicate(), Replicate()]).to_local()
+        for m in range(2):
+            first = (torch.ones(()) * mesh.get_local_rank(m) == 0).float()
+            share = torch.full_like(local, 0.5)
+            local = first * (local - share) + (1 - first) * share
+        return [local, torch.zeros_like(local), torch.full_like(local, 2.0)]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_a_large_buffer_written_unseen_after_a_collective_keeps_the_collectives_values():
+    # Lockstep aliases a large buffer and drops its values when a write bypasses dispatch; a rank's
+    # buffer here is a slice of one stack, copied at once: the values the collective left, by hand.
+    sv.use("local", world_size=4, engine="batched")
+    n = 20_000
+    with warnings.catch_warnings(record=True) as caught, sv.record() as trace:
+        warnings.simplefilter("always")
+        t = sv.per_rank(lambda r: torch.full((n,), float(r)))
+        dist.all_reduce(t)
+        assert _torch.local_tensors(t)[1].untyped_storage().nbytes() == 4 * n * 4  # one stack
+        with _torch.no_dispatch():
+            for x in _torch.local_tensors(t).values():
+                x.fill_(-1.0)
+    (c,) = trace.collectives()
+    for r in range(4):
+        assert c.inputs[r].values is not None and bool((c.inputs[r].values == r).all())
+        assert c.outputs[r].values is not None and bool((c.outputs[r].values == 6.0).all())
+    assert not [w for w in caught if issubclass(w.category, SimulationWarning)]
 
 
 @needs_batched

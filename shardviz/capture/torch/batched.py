@@ -221,6 +221,9 @@ class _OpInfo:
             if "dropout_p" in names:
                 i = names.index("dropout_p")
                 self.dropout_at = (i, float(schema.arguments[i].default_value or 0.0))
+        info = get_alias_info(func)
+        # A per-rank op's views too (``as_strided``): its result shares its input's memory.
+        self.alias_pairs = tuple(info.read_only_alias_match_indexes)
         if (
             torch.Tag.nondeterministic_seeded in tags
             or func in _NEVER_BATCHED
@@ -232,8 +235,6 @@ class _OpInfo:
         ):
             self.route = _PER_RANK  # random, a number or a bool back, out= variants
             return
-        info = get_alias_info(func)
-        self.alias_pairs = tuple(info.read_only_alias_match_indexes)
         writes = [
             i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
         ]
@@ -445,29 +446,17 @@ class BatchedLocalTensorMode(LocalTensorMode):
         arithmetic as per rank, without LocalTensorMode's Python around each call."""
         world = self._world
         slices: dict[int, tuple[torch.Tensor, ...]] = {}
-
-        def at(a: Any, r: int) -> Any:
-            t = type(a)
-            if t is StackedLocalTensor:
-                views = slices.get(id(a))
-                if views is None:
-                    views = slices[id(a)] = a.__dict__["_stk"].unbind(0)
-                return views[r]
-            if t is list or t is tuple:
-                return t(at(b, r) for b in a)
-            return a
-
         out_op: Any = info.out_op
         results = []
         stk = None
         for r in range(world):
-            rargs = tuple(at(a, r) for a in args)
-            rkwargs = {k: at(v, r) for k, v in kwargs.items()} if kwargs else kwargs
+            rargs = tuple(_at_rank(a, r, slices) for a in args)
+            rkwargs = {k: _at_rank(v, r, slices) for k, v in kwargs.items()} if kwargs else kwargs
             if stk is not None:
                 out_op(*rargs, **rkwargs, out=stk[r])  # the same kernel, writing in place
                 continue
             res = func(*rargs, **rkwargs)
-            if out_op is not None and r == 0 and _row_major(res) and res.numel():
+            if out_op is not None and r == 0 and _row_major(res) and res.numel() and _aligned_rows(res):
                 stk = res.new_empty((world, *res.shape))
                 stk[0].copy_(res)
                 continue
@@ -493,6 +482,10 @@ class BatchedLocalTensorMode(LocalTensorMode):
             return super().__torch_dispatch__(func, (), args, kwargs)
         if _lt_module._check_for_subclass(flat):
             return NotImplemented
+        if info.route is _LOOP and info.write_arg is None:
+            args, kwargs = _own_locals((args, kwargs))  # each rank's kernel at its own alignment
+        elif func in _AS_STRIDED:
+            args, kwargs = _offsets_per_rank(args, kwargs)
         out = _for_each_rank_run_func(func, self.ranks, args, kwargs, alias=False)
         if _lt_module._is_inplace_op(func):
             if info.route is _INPLACE_VIEW and type(out) is StackedLocalTensor:
@@ -503,11 +496,33 @@ class BatchedLocalTensorMode(LocalTensorMode):
             if all(type(args[i]) is StackedLocalTensor for i, _ in info.alias_pairs):
                 out = _adopt(out, view=True)
         else:
-            out = _adopt(out, view=False)
+            # A result over an argument's memory stays a view of it, never a stacked copy.
+            held = {
+                v.untyped_storage()._cdata
+                for a in flat
+                if isinstance(a, LocalTensor)
+                for v in a._local_tensors.values()
+            }
+            out = _adopt(out, view=False, held=held)
         _alias_outputs(info, args, out)
         if info.write_arg is not None:
             return args[info.write_arg]
         return out
+
+
+def _at_rank(a: Any, r: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any:
+    """Rank ``r``'s slice of a stacked argument (lists too), each stack cut once into ``slices``.
+    A function of the module, not a closure calling itself: that would be a reference cycle
+    holding the slices, and so the stacks' memory, until the garbage collector ran."""
+    t = type(a)
+    if t is StackedLocalTensor:
+        views = slices.get(id(a))
+        if views is None:
+            views = slices[id(a)] = _as_own_tensors(a.__dict__["_stk"].unbind(0))
+        return views[r]
+    if t is list or t is tuple:
+        return t(_at_rank(b, r, slices) for b in a)
+    return a
 
 
 stacked.MODE_FOR[0] = BatchedLocalTensorMode
@@ -531,7 +546,7 @@ def _checked(
     ref_args, ref_kwargs = copies
     ref = _for_each_rank_run_func(func, mode.ranks, ref_args, ref_kwargs, alias=False)
     where = f"{func} ({op_route(func)})"
-    _compare(out, ref, where)
+    _compare(out, ref, where, values=func not in _UNINITIALISED)
     for a, b in zip(flat_args(args, kwargs), flat_args(ref_args, ref_kwargs), strict=True):
         if isinstance(a, LocalTensor):
             _compare(a, b, where + ", an input written in place")
@@ -541,9 +556,7 @@ def _checked(
 def _copy_locals(x: Any) -> Any:
     if isinstance(x, LocalTensor):
         with _DisableTorchDispatch():
-            return LocalTensor(
-                {r: v.clone(memory_format=torch.preserve_format) for r, v in x._local_tensors.items()}
-            )
+            return LocalTensor({r: _same_layout_copy(v) for r, v in x._local_tensors.items()})
     if isinstance(x, (list, tuple)):
         return type(x)(_copy_locals(y) for y in x)
     if isinstance(x, dict):
@@ -551,12 +564,25 @@ def _copy_locals(x: Any) -> Any:
     return x
 
 
-def _compare(out: Any, ref: Any, where: str) -> None:
+def _same_layout_copy(v: torch.Tensor) -> torch.Tensor:
+    """A copy with ``v``'s strides, broadcast (zero) strides included, which ``clone`` makes dense."""
+    if v.numel() == 0:
+        return v.clone(memory_format=torch.preserve_format)
+    span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True))
+    region = v.as_strided((span,), (1,), v.storage_offset())
+    return region.clone().as_strided(v.shape, v.stride(), 0)
+
+
+# Their values are whatever the memory held: only shapes and strides compare.
+_UNINITIALISED = _ops(aten.new_empty, aten.new_empty_strided, aten.empty_like)
+
+
+def _compare(out: Any, ref: Any, where: str, values: bool = True) -> None:
     if isinstance(out, (list, tuple)):
         if not isinstance(ref, (list, tuple)) or len(out) != len(ref):
             raise EngineMismatch(f"{where}: {type(out).__name__} of {len(out)} against {ref!r}")
         for o, r in zip(out, ref, strict=True):
-            _compare(o, r, where)
+            _compare(o, r, where, values)
         return
     if isinstance(out, LocalTensor) and isinstance(ref, LocalTensor):
         with _DisableTorchDispatch():
@@ -571,7 +597,7 @@ def _compare(out: Any, ref: Any, where: str) -> None:
                     )
                 if a.numel() and a.stride() != b.stride():
                     raise EngineMismatch(f"{where}: rank {r} strides {a.stride()} against {b.stride()}")
-                if a.numel() and not _same_values(a, b):
+                if values and a.numel() and not _same_values(a, b):
                     gap = (a.double() - b.double()).abs().max().item()
                     raise EngineMismatch(f"{where}: rank {r} values differ by {gap}")
         return
@@ -587,7 +613,7 @@ def _compare(out: Any, ref: Any, where: str) -> None:
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit where the layout allows; NaN in the same places and equal elsewhere otherwise."""
     if a.dtype.is_floating_point and a.is_contiguous() and b.is_contiguous():
-        if torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+        if torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
             return True
     elif torch.equal(a, b):
         return True
@@ -825,6 +851,87 @@ def _dense(shape: Any, strides: Any) -> bool:
             return False
         expected *= size
     return True
+
+
+# The matrix kernels (oneDNN/MKL) pick their code path by the output's address: written at an
+# address off this alignment, a product can differ in the last bit from the one a fresh tensor gets.
+_KERNEL_ALIGNMENT = 64
+
+
+def _aligned_rows(t: torch.Tensor) -> bool:
+    """Whether every rank's slot of a stack of ``t``'s shape starts aligned as a fresh tensor."""
+    return (t.numel() * t.element_size()) % _KERNEL_ALIGNMENT == 0
+
+
+def _as_own_tensors(views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The ranks' slices of a stack as the kernels would see each rank's own tensor: a slice that
+    starts at another alignment than rank 0's (which sits where a rank's own storage would) is
+    copied to one that starts at rank 0's, with its strides."""
+    if not views:
+        return views
+    want = views[0].data_ptr() % _KERNEL_ALIGNMENT
+    return tuple(v if v.data_ptr() % _KERNEL_ALIGNMENT == want else _realigned(v, want) for v in views)
+
+
+_AS_STRIDED = {aten.as_strided.default, aten.as_strided_.default}
+
+
+def _offsets_per_rank(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``as_strided``'s storage offset counts from the start of a rank's own storage: where the
+    ranks' tensors are slices of one stack, rank r's slice starts further in, and the offset
+    follows it (else every rank would read rank 0's memory: FSDP's gradient shards)."""
+    x = args[0] if args else None
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    if not isinstance(x, LocalTensor) or offset is None or not isinstance(offset, int):
+        return args, kwargs
+    with _DisableTorchDispatch():
+        lts = x._local_tensors
+        ranks = sorted(lts)
+        if len({lts[r].untyped_storage().data_ptr() for r in ranks}) != 1:
+            return args, kwargs  # each rank in a storage of its own: the offset is right as it is
+        first = lts[ranks[0]].storage_offset()
+        shifted = {r: offset + lts[r].storage_offset() - first for r in ranks}
+    if len(set(shifted.values())) == 1:
+        return args, kwargs
+    per = torch.SymInt(LocalIntNode(shifted))  # a per-rank int, as LocalTensorMode makes them
+    if len(args) > 3:
+        return (*args[:3], per, *args[4:]), kwargs
+    return args, {**kwargs, "storage_offset": per}
+
+
+def _own_locals(x: Any) -> Any:
+    """``x`` with every LocalTensor's per-rank slices of a stack realigned (``_as_own_tensors``)."""
+    if isinstance(x, LocalTensor):
+        with _DisableTorchDispatch():
+            lts = x._local_tensors
+            ranks = sorted(lts)
+            views = _as_own_tensors(tuple(lts[r] for r in ranks))
+            if all(v is lts[r] for v, r in zip(views, ranks, strict=True)):
+                return x
+            return LocalTensor(dict(zip(ranks, views, strict=True)))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_own_locals(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _own_locals(v) for k, v in x.items()}
+    return x
+
+
+def _realigned(v: torch.Tensor, want: int) -> torch.Tensor:
+    el = v.element_size()
+    if (
+        v.numel() == 0
+        or want % el
+        or any(st == 0 for n, st in zip(v.shape, v.stride(), strict=True) if n > 1)
+    ):
+        return v  # nothing to read, or a layout a copy cannot keep (broadcast)
+    span = 1 + sum((n - 1) * st for n, st in zip(v.shape, v.stride(), strict=True))
+    pad = want // el
+    buf = torch.empty(span + pad, dtype=v.dtype, device=v.device)
+    out = buf.as_strided(v.shape, v.stride(), pad)
+    out.copy_(v)
+    return out
 
 
 def _row_major(t: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -34,13 +35,18 @@ class _RankViews(dict):
     from then on, as in any LocalTensor."""
 
     __slots__ = ("owner",)
-    owner: Any
+    # A weak reference: the tensor holds this dict, and a strong one back would keep the tensor
+    # alive in a cycle. torch hands a factory's result (``torch.full_like``) to the user as is only
+    # while nothing else refers to it; else it makes a detached alias, dispatched as an op no real
+    # rank runs (an ``aten.detach`` the recorder would show).
+    owner: weakref.ref[Any] | None
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        owner = getattr(self, "owner", None)
+        ref = getattr(self, "owner", None)
+        owner = ref() if ref is not None else None
         if owner is not None:
             owner.__dict__["_stk"] = None
-            self.owner = None
+        self.owner = None
         super().__setitem__(key, value)
 
 
@@ -57,7 +63,7 @@ class StackedLocalTensor(LocalTensor):
         stk = self.__dict__["_stk"]
         with _DisableTorchDispatch():
             views = _RankViews(zip(range(stk.shape[0]), stk.unbind(0), strict=True))
-        views.owner = self
+        views.owner = weakref.ref(self)
         _SLOT.__set__(self, views)
         return views
 
@@ -306,6 +312,16 @@ def metadata(func: Any, t: StackedLocalTensor) -> Any:
             return stk.storage_offset()
         if packet is aten.sym_numel:
             return stk[0].numel() if stk.shape[0] else 0
+    elif packet is aten.sym_storage_offset:
+        # Ranks held as evenly spaced slices of one memory: each sits at the offset of rank 0's
+        # within its own slot, as each rank's own tensor would (per rank, each slice's offset
+        # counts the ranks before it too: a per-rank offset DTensor cannot take).
+        per = t._local_tensors
+        values = [per[r] for r in range(len(per))] if all(r in per for r in range(len(per))) else []
+        if values and uniform(values):
+            slices = _as_slices(values)
+            if slices is not None:
+                return slices.storage_offset()
     with _DisableTorchDispatch():
         per_rank = {r: func(v) for r, v in t._local_tensors.items()}
     first = next(iter(per_rank.values()))
