@@ -220,13 +220,15 @@ def plot_flow(fig: Any, ax: Any, d: Mapping[str, Any], event: Event, top: float 
     for gi in shown:
         cut = len(groups[gi]) > RANKS_DRAWN
         if len(groups) > 1 or cut:
-            head = f"group {gi}: ranks {g.rank_list(groups[gi])}" if len(groups) > 1 else "ranks"
+            members = g.rank_list(groups[gi])
+            if len(members) > 48:  # 64 strided ranks: the first few, the last, and how many
+                first = ", ".join(str(r) for r in groups[gi][:4])
+                members = f"{first}, …, {groups[gi][-1]} ({len(groups[gi])} ranks)"
+            head = f"group {gi}: ranks {members}" if len(groups) > 1 else "ranks"
             if cut:
                 rest = groups[gi][RANKS_DRAWN:]
-                head += (
-                    f" · the first {RANKS_DRAWN} drawn, with what they send each other; "
-                    f"ranks {g.rank_list(rest)} ({len(rest)}) not drawn"
-                )
+                head += f" · the first {RANKS_DRAWN} drawn, with what they send each other"
+                head += f"; {len(rest)} more not drawn"
             c.text(2, y + 10, head, 11, color="#444444", va="baseline")
             y += 14
         w, h = _group(c, d, gi, event, y)

@@ -11,7 +11,8 @@ from matplotlib.ticker import MaxNLocator
 from ..data import describe
 from .sheet import Figure, Sheet, literal_text
 
-_KIND_COLORS = {"param": "#4c78a8", "buffer": "#72b7b2", "grad": "#f58518", "optimizer": "#e45756"}
+# the widget's (static/model.js), far from every rank colour (geometry.delta_e)
+_KIND_COLORS = {"param": "#386cb0", "buffer": "#666666", "grad": "#ff7f00", "optimizer": "#e41a1c"}
 _STACK_COLORS = ["#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB", "#332288"]
 MODEL_STACKS = ("kind", "module", "tensor", "mesh_dim")
 

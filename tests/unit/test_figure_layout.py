@@ -20,11 +20,6 @@ import shardviz as sv
 from shardviz.data.memory import MemoryTimeline
 from shardviz.data.pipeline import Arrow, Interval, Timeline
 
-# Open: the player-step picture of an all_to_all over a group of more than 16 ranks. Its ranks are
-# capped at 16, but every buffer still draws one band per source rank: a 512-rank step is 87 inches
-# tall and takes 40 s, a (64, 8) plan minutes.
-BIG_STEPS = "open: the step picture of an all_to_all over more than 16 ranks draws one band per source rank"
-
 LONG = "a_rather_long_mesh_dim_name_for_the_tensor_parallel_axis"
 
 LAYOUTS = {
@@ -107,22 +102,8 @@ def test_every_player_step_figure_is_clean(collectives):
         ((7, 5), (2, 4), ["S(0)", "S(1)"], ["R", "R"], ("dp", "tp")),
         ((16, 8), (2, 2, 2), ["P", "S(0)", "S(1)"], ["R", "R", "S(0)"], ("pp", (LONG)[:30], "tp")),
         ((64, 32), (16,), ["S(0)"], ["S(1)"], None),
-        pytest.param(
-            (1 << 14, 4096),
-            (64, 8),
-            ["S(0)", "S(1)"],
-            ["S(1)", "R"],
-            ("dp", "tp"),
-            marks=pytest.mark.xfail(run=False, reason=BIG_STEPS),
-        ),
-        pytest.param(
-            (1 << 16, 1024),
-            (512,),
-            ["S(0)"],
-            ["S(1)"],
-            None,
-            marks=pytest.mark.xfail(run=False, reason=BIG_STEPS),
-        ),
+        ((1 << 14, 4096), (64, 8), ["S(0)", "S(1)"], ["S(1)", "R"], ("dp", "tp")),
+        ((1 << 16, 1024), (512,), ["S(0)"], ["S(1)"], None),
     ],
 )
 def test_plan_figures_are_clean_from_2_to_512_ranks(shape, mesh, src, dst, names):

@@ -11,7 +11,8 @@
 
 const BAR_PX = 520;
 
-const KIND_COLOR = { param: "#4c78a8", buffer: "#72b7b2", grad: "#f58518", optimizer: "#e45756" };
+// far (CIE76 >= 25) from every rank colour: a kind never reads as a rank (views/geometry.delta_e)
+const KIND_COLOR = { param: "#386cb0", buffer: "#666666", grad: "#ff7f00", optimizer: "#e41a1c" };
 
 function render({ model, el, experimental }) {
   const invoke = makeInvoke(model, experimental);
