@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import torch.distributed as dist
 from figure_checks import blank_fraction, problems
+from recordings import every_collective
 
 import shardviz as sv
 from shardviz.data.memory import MemoryTimeline
@@ -71,22 +70,7 @@ def test_the_layout_canvas_follows_the_content():
 @pytest.fixture(scope="module")
 def collectives():
     """Every collective once on 4 ranks (notebook 03's recording)."""
-    sv.use("local", world_size=4)
-
-    def mine(n):
-        return sv.per_rank(lambda r: torch.arange(n, dtype=torch.float32) + 10 * r)
-
-    with sv.record() as t:
-        dist.all_reduce(mine(4))
-        dist.broadcast(mine(3), src=2)
-        dist.all_gather_into_tensor(torch.zeros(8), mine(2))
-        dist.reduce_scatter_tensor(torch.zeros(2), mine(8))
-        dist.all_to_all_single(torch.zeros(8), mine(8))
-        dist.scatter(torch.zeros(2), [torch.full((2,), float(k)) for k in range(4)], src=0)
-        dist.gather(mine(2), [torch.zeros(2) for _ in range(4)], dst=0)
-        dist.reduce(mine(2), dst=0)
-        dist.barrier()
-    return t
+    return every_collective()
 
 
 def test_every_player_step_figure_is_clean(collectives):
