@@ -92,6 +92,7 @@ class LocalBackend:
     @contextlib.contextmanager
     def simulate(self) -> Iterator[Any]:
         """Enter LocalTensorMode for this world size; always leave it, even on error."""
+        _torch.settle_stopped_runs()
         self._ensure_pg()
         _torch.drop_stale_local_mode(self._mode)
         outer = _torch.active_local_mode()
@@ -266,6 +267,7 @@ class AttachedBackend(LocalBackend):
     def simulate(self) -> Iterator[Any]:
         """The mode is already active: only shardviz's own fixes to the simulation (per-rank ranks,
         FSDP2 per rank, PREMUL_SUM factors, meshes kept) are put in place, and taken out after."""
+        _torch.settle_stopped_runs()
         from ..capture.recorder import Recorder
 
         self._ensure_pg()

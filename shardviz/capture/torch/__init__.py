@@ -132,6 +132,8 @@ from .p2p_runner import (
     P2PMode,
     P2PStuck,
     ThreadedP2P,
+    patchable_now,
+    settle_stopped_runs,
 )
 from .per_rank import (  # per-rank values in the simulation
     group_rank_map,
@@ -272,6 +274,7 @@ __all__ = [
     "own_copies",
     "p2p_groups",
     "parameters_per_rank",
+    "patchable_now",
     "per_rank_int",
     "per_rank_ints",
     "per_rank_values",
@@ -299,6 +302,7 @@ __all__ = [
     "restore_process_state",
     "reuse_local_mode",
     "settle_cuda_guard",
+    "settle_stopped_runs",
     "settled",
     "simulation_world_options",
     "spec_geometry",
