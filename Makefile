@@ -84,9 +84,11 @@ demo: $(DEMO_STAMP)
 		--ServerApp.port_retries=0 --LabApp.default_url=/lab/tree/01_tour.ipynb
 
 # Everything: the linters and type checker (`make lint`), then the whole suite. The notebooks run
-# once, in tests/test_demo.py: in a kernel of an environment built as `make demo` builds it.
+# once, in tests/test_demo.py: in a kernel of an environment built as `make demo` builds it. The
+# path `tests` is given, not `--ignore=notebooks`: pytest applies --ignore only below the paths it
+# starts from, and pyproject's testpaths start from notebooks/ too, so it ran them a second time.
 test: lint
-	$(BIN)/python -m pytest --ignore=notebooks $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 # The unit tests alone (~1 minute): no browser, no cluster, no notebooks, nothing marked slow
 # (building the wheel); `make test` runs those too.

@@ -852,6 +852,121 @@ def bench_numerics() -> list[Row]:
     ]
 
 
+def _plain_llama_step(args: Any, tokens: torch.Tensor) -> Callable[[], object]:
+    """Plain torch's step (forward, backward, AdamW) of the example Llama on the global batch."""
+    from shardviz.examples.llama import Transformer
+
+    torch.manual_seed(1)
+    model = Transformer(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> object:
+        loss = model(tokens).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
+def _simulated_llama_step(
+    args: Any, tokens: torch.Tensor, world: int, tp: int, engine: str
+) -> Callable[[], object]:
+    """The same step on ``world`` simulated ranks (``sv.use("local", engine=engine)``): TP +
+    sequence parallel on the ``tp`` slice of a ``(world // tp, tp)`` mesh, each dp replica its own
+    rows of the global batch. Same seed as the plain step, so both start from the same weights."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardviz.examples.llama import Transformer, parallelize
+
+    dp = world // tp
+    rows = tokens.shape[0] // dp
+    sv.use("local", world_size=world, engine=engine)
+    with choose.current().simulate():  # type: ignore[attr-defined]
+        torch.manual_seed(1)
+        mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+        model = parallelize(Transformer(args), mesh["tp"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        mine = sv.per_rank(lambda r: tokens[(r // tp) * rows : (r // tp + 1) * rows])
+
+    def step() -> object:
+        loss = model(mine).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
+def interleaved_cpu(
+    cases: dict[str, Callable[[], contextlib.AbstractContextManager[object]]],
+    bodies: dict[str, Callable[[], object]],
+    rounds: int,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``interleaved`` with a body of its own per case, on the process's CPU clock (one torch
+    thread: the CPU the step costs, not what other processes take)."""
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for k, ctx in cases.items():  # warm up
+        with ctx():
+            bodies[k]()
+    order = list(cases.items())
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
+        for k, ctx in order:
+            t = time.process_time()
+            with ctx():
+                result = bodies[k]()
+            times[k].append(time.process_time() - t)
+            del result
+            gc.collect()
+    base = times[next(iter(cases))]
+    return {k: statistics.median(v) for k, v in times.items()}, {k: paired(v, base) for k, v in times.items()}
+
+
+def bench_engine() -> list[Row]:
+    """The simulator's engines against plain torch on the global batch: a recorded Llama step
+    (forward, backward, AdamW; TP + sequence parallel, each dp replica its own rows) of the small
+    example model on 8 ranks and on 64, and of a debug-size one on 8. Each engine takes turns with
+    plain torch in rounds of its own (switching engines starts a new simulated world). CPU time,
+    one torch thread."""
+    from shardviz.capture import torch as _torch
+    from shardviz.examples.llama import ModelArgs
+
+    torch.set_num_threads(1)
+    rows: list[Row] = []
+    debug = ModelArgs(dim=256, n_layers=4, vocab_size=2048, hidden_dim=512)
+    configs = [
+        ("small Llama (2 layers, dim 64), 8 ranks", ModelArgs(), 8, 16, 9, "15x"),
+        ("debug-size Llama (4 layers, dim 256, vocab 2048, seq 128), 8 ranks", debug, 8, 128, 5, "2.5x"),
+        ("small Llama, 64 ranks", ModelArgs(), 64, 16, 3, None),
+    ]
+    for what, args, world, seq, rounds, target in configs:
+        torch.manual_seed(0)
+        tokens = torch.randint(0, args.vocab_size, (2 * (world // 4), seq))
+        plain = _plain_llama_step(args, tokens)
+        for engine in _torch.ENGINES:
+            progress(f"engines: {what}, {engine}")
+            step = _simulated_llama_step(args, tokens, world, 4, engine)
+            med, ratio = interleaved_cpu(
+                {"plain": contextlib.nullcontext, engine: sv.record}, {"plain": plain, engine: step}, rounds
+            )
+            aim = ""
+            if engine == "batched":
+                aim = f" (target <= {target})" if target else " (target < 0.5 s)"
+            rows.append(
+                (
+                    f"{what}: recorded step, {engine} engine{aim}",
+                    f"{med[engine] * 1e3:.0f} ms CPU",
+                    f"{med['plain'] * 1e3:.1f} ms (plain torch, global batch)",
+                    f"{ratio[engine]:.1f}x",
+                )
+            )
+    return rows
+
+
 # Traits every ipywidget has (layout, tabbable, ...): not part of a view's own payload.
 _WIDGET_BASE = {"layout", "tabbable", "tooltip", "comm", "keys", "log"}
 
@@ -868,6 +983,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "views": bench_views,
     "numerics": bench_numerics,
     "startup": bench_startup,
+    "engine": bench_engine,
 }
 
 

@@ -36,7 +36,10 @@ def player_page(tmp: Path) -> Path:
     with sv.record():
         mesh = init_device_mesh("cpu", (4,))
         partial = DTensor.from_local(
-            sv.per_rank(lambda r: torch.full((4, 3), float(r + 1))), mesh, [Partial()]
+            # rank r holds 10**r times the row number: each sum's digits say who sent which row
+            sv.per_rank(lambda r: (10.0**r) * (torch.arange(4.0) + 1).unsqueeze(1).expand(4, 3).contiguous()),
+            mesh,
+            [Partial()],
         )
     with sv.record() as trace:
         partial.redistribute(mesh, [Shard(0)])

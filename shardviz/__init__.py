@@ -142,6 +142,7 @@ __all__ = [
     "pipeline_timeline",
     "plan",
     "play",
+    "playground",
     "plot",
     "record",
     "record_job",
@@ -334,3 +335,25 @@ def load_ipython_extension(ipython: Any) -> None:
     from .magics import load_ipython_extension as _load_magics
 
     _load_magics(ipython)
+
+
+def playground(
+    shape: Any = None,
+    mesh_shape: Any = None,
+    src: Any = None,
+    dst: Any = None,
+    mesh_dim_names: Any = None,
+    *,
+    link: str | None = None,
+) -> Any:
+    """A placement playground for teaching: choose a tensor shape, a mesh (with dim names) and
+    source / target placements per mesh dim in the widget; it draws both layouts, DTensor's
+    redistribute plan with each collective's bytes and alpha-beta time on ``link``, and steps
+    through the collectives. Small shapes run on ``arange`` values under the local simulator;
+    model-size ones are planned from geometry only (``sv.plan``); a note says which.
+
+    ``sv.playground((10, 6), (4,), ["S(0)"], ["R"], ["tp"])`` sets the first choice.
+    """
+    from .placement_playground import playground as _playground
+
+    return _playground(shape, mesh_shape, src, dst, mesh_dim_names, link=link)

@@ -109,6 +109,9 @@ def show(
     option ``title``). A NumericsReport (``sv.diff``) is its module tree coloured by error, a
     row's layout with its per-element error (options ``selected``, a row index, and ``title``).
     """
+    playground = _playground(obj, "sv.show", options)
+    if playground is not None:  # already a widget: itself
+        return playground
     plain, views, options = _plain(obj, "sv.show", options, figure=False)
     return views.widget(plain, **options)
 
@@ -154,8 +157,22 @@ def plot(obj: Any, **options: Any) -> Figure:
     came from, whose redistribute gives the padding of uneven shards); a trace as the estimated
     time of its collectives, one lane per mesh dim (``link``, ``title``).
     """
+    playground = _playground(obj, "sv.plot", options)
+    if playground is not None:
+        fig: Figure = playground.figure()  # both layouts, the plan and its time
+        return fig
     plain, views, options = _plain(obj, "sv.plot", options, figure=True)
     return views.figure(plain, **options)
+
+
+def _playground(obj: Any, who: str, options: Mapping[str, Any]) -> Any:
+    """``obj`` when it is the placement playground (``sv.playground()``), which takes no options."""
+    from .views.playground import PlaygroundWidget
+
+    if not isinstance(obj, PlaygroundWidget):
+        return None
+    _check_options(who, options, ("values_budget",) if who == "sv.export_html" else ())
+    return obj
 
 
 def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
@@ -169,6 +186,12 @@ def export_html(obj: Any, path: str | Path, **options: Any) -> Path:
     """
     from .views.widgets import EXPORT_VALUES_BUDGET
 
+    playground = _playground(obj, "sv.export_html", options)
+    if playground is not None:  # the page shows the state drawn last
+        out: Path = playground.export_html(
+            path, values_budget=options.get("values_budget", EXPORT_VALUES_BUDGET)
+        )
+        return out
     kind = _kind(obj)
     budget = options.pop("values_budget", EXPORT_VALUES_BUDGET) if _views()[kind].values else None
     plain, views, options = _plain(obj, "sv.export_html", options, figure=False)

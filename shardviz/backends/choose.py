@@ -26,8 +26,11 @@ def _check(name: str, world_size: int, options: dict[str, Any]) -> None:
     if name not in ("local", "threads"):
         return
     checked = options.get(CHECK_CAPACITY, True)
-    if set(options) - {CHECK_CAPACITY}:
-        raise TypeError(f"the {name} backend takes no options but {CHECK_CAPACITY}, got {sorted(options)}")
+    allowed = {CHECK_CAPACITY, "engine"} if name == "local" else {CHECK_CAPACITY}
+    if set(options) - allowed:
+        raise TypeError(
+            f"the {name} backend takes no options but {', '.join(sorted(allowed))}, got {sorted(options)}"
+        )
     check_world_size(world_size)
     if checked:
         threads = world_size if name == "threads" else 0
@@ -43,7 +46,7 @@ def _check(name: str, world_size: int, options: dict[str, Any]) -> None:
 def _build(name: str, world_size: int, **options: Any) -> Backend:
     _check(name, world_size, options)
     if name == "local":
-        return LocalBackend(world_size, options.get(CHECK_CAPACITY, True))
+        return LocalBackend(world_size, options.get(CHECK_CAPACITY, True), options.get("engine"))
     if name == "threads":
         from .threads import ThreadsBackend  # its meeting point loads only when asked for
 
@@ -61,7 +64,11 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
         raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
     if world_size is None:
         world_size = DEFAULT_WORLD_SIZE
-    key = (name, world_size, *sorted(options.items()))
+    if name == "local":
+        options["engine"] = _torch.check_engine(options.get("engine") or _torch.default_engine())
+    # the lockstep engine keeps the key the local backend always had
+    keyed = {k: v for k, v in options.items() if (k, v) != ("engine", "lockstep")}
+    key = (name, world_size, *sorted(keyed.items()))
     old = session.peek()
     if old is not None and old.key() == key:
         return old

@@ -41,17 +41,23 @@ class LocalBackend:
     name = "local"
     simulated = True
 
-    def __init__(self, world_size: int = 4, check_capacity: bool = True) -> None:
+    def __init__(self, world_size: int = 4, check_capacity: bool = True, engine: str | None = None) -> None:
         self.world_size = check_world_size(world_size)
         self.check_capacity = check_capacity  # sv.run(fn, threads=N) checks N against the machine
+        # "batched": each op once for all ranks on their stacked values; "lockstep": torch's
+        # LocalTensorMode, each op once per rank. $SHARDVIZ_ENGINE picks when none is named.
+        self.engine = _torch.check_engine(engine) if engine is not None else _torch.default_engine()
         self._owns_pg = False
         self._ensure_pg()
         # One mode for the backend's life: its cache of per-rank mesh coordinates then survives
         # from cell to cell (recomputing them costs ~N^2 small ops: seconds at 256 ranks).
-        self._mode = _torch.new_local_mode(self.world_size)
+        self._mode = _torch.new_local_mode(self.world_size, self.engine)
 
     def key(self) -> tuple[Any, ...]:
-        return ("local", self.world_size)
+        # the default engine keeps the key it always had (sv.use with the same arguments is a no-op)
+        if self.engine == "lockstep":
+            return ("local", self.world_size)
+        return ("local", self.world_size, ("engine", self.engine))
 
     def device_type(self) -> str:
         return "cpu"
@@ -86,6 +92,7 @@ class LocalBackend:
     @contextlib.contextmanager
     def simulate(self) -> Iterator[Any]:
         """Enter LocalTensorMode for this world size; always leave it, even on error."""
+        _torch.settle_stopped_runs()
         self._ensure_pg()
         _torch.drop_stale_local_mode(self._mode)
         outer = _torch.active_local_mode()
@@ -122,7 +129,7 @@ class LocalBackend:
     def restart(self) -> LocalBackend:
         """A new simulator of the same size: a new fake process group and a fresh mode."""
         self.close()
-        return LocalBackend(self.world_size, self.check_capacity)
+        return LocalBackend(self.world_size, self.check_capacity, self.engine)
 
     @contextlib.contextmanager
     def record(self, values: str | int = DEFAULT_VALUE_BUDGET, memory: Any = False) -> Iterator[Trace]:
@@ -221,7 +228,7 @@ class LocalBackend:
         return session.draw(obj, **options)
 
     def __repr__(self) -> str:
-        return f"LocalBackend(world_size={self.world_size})"
+        return f"LocalBackend(world_size={self.world_size}, engine={self.engine!r})"
 
 
 class AttachedBackend(LocalBackend):
@@ -260,6 +267,7 @@ class AttachedBackend(LocalBackend):
     def simulate(self) -> Iterator[Any]:
         """The mode is already active: only shardviz's own fixes to the simulation (per-rank ranks,
         FSDP2 per rank, PREMUL_SUM factors, meshes kept) are put in place, and taken out after."""
+        _torch.settle_stopped_runs()
         from ..capture.recorder import Recorder
 
         self._ensure_pg()

@@ -76,7 +76,7 @@ def last_trace() -> Trace | None:
     return _last
 
 
-def set_last(trace: Trace) -> None:
+def set_last(trace: Trace | None) -> None:
     global _last
     _last = trace
 

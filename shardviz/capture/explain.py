@@ -424,6 +424,6 @@ def _shapes(chunks: object) -> str | None:
 
 def _mesh_size(mesh: object) -> int | None:
     try:
-        return int(mesh.mesh.numel())  # type: ignore[attr-defined]
+        return int(mesh.size())  # type: ignore[attr-defined]  # no tensor op, unlike mesh.mesh
     except Exception:
         return None

@@ -72,7 +72,9 @@ def run_threads(
             "sv.run(fn, threads=N) cannot run inside sv.record() or a %%spmd cell: call it outside"
         )
     world = trace.world_size
+    _torch.settle_stopped_runs()  # threads an earlier run left behind, before anything is entered
     state = _Run(world, live_ranks(world, threads), values)
+    state.sim.before = _torch.patchable_now()
     try:
         with (
             _torch.tracking_meshes(),

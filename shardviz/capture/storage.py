@@ -72,12 +72,22 @@ class StorageTracker:
         """``plain``: the ranks a plain tensor stands for. In the simulation every tensor of the
         program is a LocalTensor; the plain ones an operator returns there are the simulator's
         own per-rank plumbing, so by default they count only on a real rank."""
-        for r, p in _torch.rank_tensors(t).items():
+        per_rank = _torch.rank_tensors(t)
+        # Ranks whose tensors are slices of one storage (the batched engine stacks them) each hold
+        # their share of it, as each would hold its own storage.
+        shares: dict[int, int] = {}
+        if len(per_rank) > 1:
+            for p in per_rank.values():
+                key = _storage_key(p)
+                shares[key] = shares.get(key, 0) + 1
+        for r, p in per_rank.items():
             ranks = (r,) if r is not None else (self.own if plain is None else plain)
             if ranks:
-                self.add_storage(p, ranks)
+                self.add_storage(p, ranks, shares.get(_storage_key(p), 1) if shares else 1)
 
-    def add_storage(self, p: torch.Tensor, ranks: Iterable[int]) -> None:
+    def add_storage(self, p: torch.Tensor, ranks: Iterable[int], share: int = 1) -> None:
+        """``p``'s storage, held by ``ranks``; ``share``: how many ranks' tensors it holds (each
+        rank holds that part of it)."""
         if p.is_meta:
             return
         try:
@@ -90,15 +100,14 @@ class StorageTracker:
             return
         key = id(st)
         entry = self._live.get(key)
-        nb = st.nbytes()
         if entry is None:
             # The storage's Python object lives exactly as long as the storage (torch keeps it),
             # so its finalizer runs when the last tensor or view over it is gone.
             fin = weakref.finalize(st, self._free, key)
             fin.atexit = False
-            entry = self._live[key] = [fin, set(), nb]
-        elif entry[2] != nb:
-            self._resize(entry, nb)
+            entry = self._live[key] = [fin, set(), st.nbytes() // share, share]
+        elif entry[2] != st.nbytes() // entry[3]:
+            self._resize(entry, st.nbytes() // entry[3])
         held: set[int] = entry[1]
         for r in ranks:
             if r not in held:
@@ -172,7 +181,7 @@ class StorageTracker:
     def close(self) -> None:
         """Stop counting; the finalizers no longer hold this tracker."""
         self.closed = True
-        for fin, _, _ in self._live.values():
+        for fin, *_ in self._live.values():
             fin.detach()
         self._live.clear()
 
@@ -220,6 +229,13 @@ class MemoryRecorder(Recorder):
         tracker.close()
         super().finish()
         self.trace.memory = timeline(self.trace, self._slots, tracker)
+
+
+def _storage_key(p: torch.Tensor) -> int:
+    try:
+        return id(p.untyped_storage())  # torch keeps one Python object per live storage
+    except (RuntimeError, NotImplementedError):
+        return id(p)
 
 
 def timeline(trace: Trace, slots: list[Event | None], tracker: StorageTracker) -> MemoryTimeline:

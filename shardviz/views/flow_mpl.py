@@ -41,6 +41,8 @@ VALUE_FONT = 10  # px
 VALUE_FONT_MIN = 7
 # Groups drawn in one figure before the rest are only counted.
 PLOT_GROUPS = 4
+# A group's ranks drawn side by side: past this a picture grows to hundreds of inches and minutes.
+RANKS_DRAWN = 16
 SHOW_GROUPS_UP_TO = 16
 
 
@@ -196,7 +198,9 @@ class _Canvas:
         self.ax = ax
 
     def rect(self, x: float, y: float, w: float, h: float, **kw: Any) -> None:
-        self.ax.add_patch(Rectangle((x, y), w, h, **kw))
+        # add_artist, not add_patch: the limits are set once at the end, and updating them per
+        # patch was most of the time of a 64-rank step's picture
+        self.ax.add_artist(Rectangle((x, y), w, h, **kw))
 
     def text(self, x: float, y: float, s: str, px: float, **kw: Any) -> None:
         self.ax.text(x, y, s, fontsize=px * PT, **kw)
@@ -214,10 +218,18 @@ def plot_flow(fig: Any, ax: Any, d: Mapping[str, Any], event: Event, top: float 
     y = top
     width = 0.0
     for gi in shown:
-        if len(groups) > 1:
-            c.text(
-                2, y + 10, f"group {gi}: ranks {g.rank_list(groups[gi])}", 11, color="#444444", va="baseline"
-            )
+        cut = len(groups[gi]) > RANKS_DRAWN
+        if len(groups) > 1 or cut:
+            members = g.rank_list(groups[gi])
+            if len(members) > 48:  # 64 strided ranks: the first few, the last, and how many
+                first = ", ".join(str(r) for r in groups[gi][:4])
+                members = f"{first}, …, {groups[gi][-1]} ({len(groups[gi])} ranks)"
+            head = f"group {gi}: ranks {members}" if len(groups) > 1 else "ranks"
+            if cut:
+                rest = groups[gi][RANKS_DRAWN:]
+                head += f" · the first {RANKS_DRAWN} drawn, with what they send each other"
+                head += f"; {len(rest)} more not drawn"
+            c.text(2, y + 10, head, 11, color="#444444", va="baseline")
             y += 14
         w, h = _group(c, d, gi, event, y)
         width = max(width, w)
@@ -226,7 +238,7 @@ def plot_flow(fig: Any, ax: Any, d: Mapping[str, Any], event: Event, top: float 
 
 
 def _group(c: _Canvas, d: Mapping[str, Any], gi: int, event: Event, top: float) -> tuple[float, float]:
-    ranks = list(d["groups"][gi])
+    ranks = list(d["groups"][gi])[:RANKS_DRAWN]
     n = len(ranks)
     members = set(ranks)
     arrows = [(*t, True) for t in d.get("stays") or []] + [(*t, False) for t in d.get("transfers") or []]
@@ -399,11 +411,17 @@ def _draw_buffer(c: _Canvas, a: Drawn) -> None:
         for gy in sb.rows.gaps():
             c.rect(x, oy + gy, sb.w, BAND, facecolor="white", alpha=0.6, lw=0)
             c.text(x + sb.w / 2, oy + gy + BAND / 2, "⋮", 10, ha="center", va="center", color="#555555")
+        row_marks = [oy + gy + BAND / 2 for gy in sb.rows.gaps()]
         for gx in sb.cols.gaps():
             c.rect(x + gx, oy, BAND, sb.h, facecolor="white", alpha=0.6, lw=0)
-            c.text(
-                x + gx + BAND / 2, oy + min(sb.h, 16) / 2, "…", 10, ha="center", va="center", color="#555555"
-            )
+            mx, my = x + gx + BAND / 2, oy + min(sb.h, 16) / 2
+            if abs(mx - (x + sb.w / 2)) < 10:
+                # the column gap crosses the row gaps' "⋮": the "…" goes beside each, not over it
+                while any(abs(my - ry) < 11 for ry in row_marks) and my + 11 < oy + sb.h:
+                    my += 11
+                if any(abs(my - ry) < 11 for ry in row_marks):
+                    continue  # no room beside them: the white band alone says columns are elided
+            c.text(mx, my, "…", 10, ha="center", va="center", color="#555555")
         c.rect(
             x,
             oy,

@@ -33,6 +33,22 @@ MAX_STRIPES = 16
 VALUES_LIMIT = 1 << 20
 
 
+def delta_e(a: str, b: str) -> float:
+    """CIE76 distance of two ``#rrggbb`` colours in CIELAB: a colour that encodes a state keeps 25 or
+    more from every rank's colour, so that it never reads as a rank."""
+    import numpy as np
+
+    def lab(h: str) -> Any:
+        c = np.array([int(h[i : i + 2], 16) for i in (1, 3, 5)], dtype=float) / 255
+        c = np.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
+        m = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]])
+        xyz = m @ c / np.array([0.95047, 1.0, 1.08883])
+        f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+    return float(np.linalg.norm(lab(a) - lab(b)))
+
+
 def rank_style(rank: int) -> tuple[str, str, str]:
     """(fill colour, text colour, pattern) of a rank: the same in every view."""
     i = rank % len(PALETTE)

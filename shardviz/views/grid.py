@@ -21,6 +21,11 @@ FLOW_WIDTH = 880
 
 Runs = tuple[tuple[int, int], ...]
 
+# Chunks along one axis whose borders are all kept; past this the first KEEP_STRETCHES and the last
+# are kept (a picture of a group of more than 16 ranks draws its first 16).
+MAX_STRETCHES = 32
+KEEP_STRETCHES = 16
+
 
 def col_cells(group_size: int) -> int:
     """Columns drawn per buffer when ``group_size`` ranks sit side by side (2 to 8)."""
@@ -34,10 +39,15 @@ def summarize_axis(n: int, cuts: Iterable[int], most: int) -> Runs:
     Every cut (a chunk or padding border) stays a border between drawn cells. A stretch between
     two cuts longer than its share of ``most`` keeps its first cells and its last one; with many
     short stretches more than ``most`` cells are drawn (then the cells get smaller, never merged).
+    Past ``MAX_STRETCHES`` stretches only the first ``KEEP_STRETCHES`` and the last keep theirs.
     """
     if n <= most:
         return ((0, n),) if n > 0 else ()
     points = sorted({0, n, *(c for c in cuts if 0 < c < n)})
+    if len(points) - 1 > MAX_STRETCHES:
+        # hundreds of chunks (an all_to_all over 512 ranks): the first ones and the last stay, the
+        # middle becomes one band, or every buffer is drawn hundreds of bands tall
+        points = [*points[: KEEP_STRETCHES + 1], *points[-2:]]
     share = max(2, most // (len(points) - 1))
     runs: list[tuple[int, int]] = []
 

@@ -7,13 +7,13 @@ from ..data.describe import bytes_text
 from ..data.memory import MemoryTimeline
 from .geometry import rank_list
 from .memory_svg import COLOURS, MAX_LINES, curves
-from .mpl import Figure, literal_text
+from .sheet import Figure, Sheet, literal_text
 
 
 @literal_text
 def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
-    fig = Figure(figsize=(8, 3.2))
-    ax = fig.add_subplot(1, 1, 1)
+    sheet = Sheet()
+    ax = sheet.axes(0, 0, 6.5, 2.4, gid="memory")
     xs = range(len(m.events))
     shown = curves(m)
     for k, (ranks, values) in enumerate(shown[:MAX_LINES]):
@@ -29,9 +29,9 @@ def plot_memory(m: MemoryTimeline, *, title: str | None = None) -> Figure:
     ax.set_xlabel("event (sampled as each starts)")
     ax.set_ylabel("live bytes")
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(fontsize=7, loc="upper left", frameon=False, ncols=min(4, len(shown[:MAX_LINES])))
-    ax.set_title(
-        title or f"memory per rank · {m.world_size} ranks · peak {bytes_text(top)}", fontsize=10, loc="left"
-    )
-    fig.tight_layout()
-    return fig
+    ax.tick_params(labelsize=8)
+    box = sheet.place(ax, 0, 0.35)
+    sheet.text(0, 0, title or f"memory per rank · {m.world_size} ranks · peak {bytes_text(top)}", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    sheet.legend(box.x1 + 0.15, box.y0, handles, labels=labels, fontsize=7)
+    return sheet.finish()

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.ticker import MaxNLocator
 
 from ..data import describe
-from .mpl import FIGSIZE, Figure, literal_text
+from .sheet import Figure, Sheet, literal_text
 
-_KIND_COLORS = {"param": "#4c78a8", "buffer": "#72b7b2", "grad": "#f58518", "optimizer": "#e45756"}
+# the widget's (static/model.js), far from every rank colour (geometry.delta_e)
+_KIND_COLORS = {"param": "#386cb0", "buffer": "#666666", "grad": "#ff7f00", "optimizer": "#e41a1c"}
 _STACK_COLORS = ["#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB", "#332288"]
 MODEL_STACKS = ("kind", "module", "tensor", "mesh_dim")
 
@@ -49,41 +50,55 @@ def _model_stacks(m: Any, stack: str, most: int = 7) -> list[tuple[str, np.ndarr
 @literal_text
 def plot_model_map(m: Any, *, stack: str = "kind", title: str | None = None) -> Figure:
     """Bytes each rank holds, one bar per rank, stacked by kind (param, buffer, grad, optimizer
-    state), by top-level module, by tensor (the largest few) or by the mesh dims that shard them."""
-    fig = Figure(figsize=(FIGSIZE[0], 4.2), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes((0.08, 0.14, 0.68, 0.72), gid="bytes")
+    state), by top-level module, by tensor (the largest few) or by the mesh dims that shard them;
+    the legend beside the bars. Laid out from the content (views/sheet.py)."""
+    sheet = Sheet()
     world = m.world_size
     parts = _model_stacks(m, stack)
     top = int(m.totals().max()) if world and len(m.rows) else 0
-    size, unit = describe.byte_unit(top)
-    scale = float(size)
-    x = np.arange(world)
-    bottom = np.zeros(world)
-    width = 0.8 if world <= 64 else 1.0
-    for label, vals, color in parts:
-        v = vals / scale
-        bars = ax.bar(x, v, bottom=bottom, width=width, color=color, label=label, linewidth=0)
-        for b in bars.patches:
-            b.set_gid(f"stack-{label}")
-        bottom = bottom + v
-    ax.set_xlim(-0.5, world - 0.5)
-    ax.set_xlabel("rank")
-    ax.set_ylabel(f"bytes per rank ({unit})")
-    if world <= 32:
-        ax.set_xticks(x)
-    ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title=f"by {stack}")
     lo = int(m.totals().min()) if world and len(m.rows) else 0
-    fig.text(0.01, 0.97, title or f"model map: {m.name}", fontsize=11, weight="bold", va="top")
-    fig.text(
-        0.01,
-        0.91,
+    sheet.text(0, 0, title or f"model map: {m.name}", fontsize=11, weight="bold")
+    sheet.text(
+        0,
+        sheet.bottom() + 0.04,
         f"{len(m.rows)} tensors on {world} ranks · per rank {describe.bytes_text(lo)}"
         + (f" – {describe.bytes_text(top)}" if top != lo else "")
         + f" · unsharded {describe.bytes_text(m.global_bytes)}",
         fontsize=9,
-        va="top",
         color="#444",
     )
-    return fig
+    width = min(9.0, max(3.0, 0.32 * world))
+    ax = sheet.axes(0, 0, width, 2.6, gid="bytes")
+    size, unit = describe.byte_unit(top)
+    scale = float(size)
+    x = np.arange(world)
+    bottom = np.zeros(world)
+    bar = 0.8 if world <= 64 else 1.0
+    for label, vals, color in parts:
+        v = vals / scale
+        bars = ax.bar(x, v, bottom=bottom, width=bar, color=color, label=label, linewidth=0)
+        for b in bars.patches:
+            b.set_gid(f"stack-{label}")
+        bottom = bottom + v
+    ax.set_xlim(-0.5, world - 0.5)
+    ax.set_xlabel("rank", fontsize=9)
+    ax.set_ylabel(f"bytes per rank ({unit})", fontsize=9)
+    ax.tick_params(labelsize=8)
+    if world <= 32:
+        ax.set_xticks(x)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=max(4, int(width * 1.5)), integer=True))
+    ax.spines[["top", "right"]].set_visible(False)
+    box = sheet.place(ax, 0, sheet.bottom() + 0.2)
+    handles, labels = ax.get_legend_handles_labels()
+    sheet.legend(
+        box.x1 + 0.2,
+        box.y0,
+        handles,
+        labels=labels,
+        fontsize=8,
+        title=f"by {stack}",
+        title_fontsize=8,
+        alignment="left",
+    )
+    return sheet.finish()

@@ -2,68 +2,33 @@
 ``literal_text``, ``to_png``): the same pictures as the widgets, for papers and saved notebooks.
 The collective player's pictures are in ``trace_mpl``, the model map's in ``model_mpl``.
 
-Deterministic: a fixed figure size, fixed axes positions, no dates. It builds a bare
+Deterministic: laid out from the content (views/sheet.py), no dates. It builds a bare
 ``matplotlib.figure.Figure`` (no pyplot), so it leaves no global figure state behind.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import ListedColormap
-from matplotlib.figure import Figure as _MplFigure
+from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.patches import Patch, Polygon, Rectangle
 
 from ..data import describe
 from ..geometry.layout import Layout
 from . import geometry as g
+from .sheet import Figure, Sheet, literal_text, to_png
 
-FIGSIZE = (11.0, 5.6)
+__all__ = ["Figure", "draw_tensor", "literal_text", "plot_layout", "to_png"]
+
 _HATCH = {"solid": None, "diagonal": "///", "dots": "..", "cross": "++"}
-_VIRIDIS = ListedColormap(
-    ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"]
-).resampled(256)
-
-
-class Figure(_MplFigure):
-    """A matplotlib Figure that shows itself as a PNG in a notebook.
-
-    IPython draws a bare Figure as a picture only when the inline backend registered its
-    formatter (``%matplotlib inline``, or importing pyplot); shardviz never imports pyplot, so
-    without this ``sv.plot(...)`` as a cell's last expression showed only ``<Figure size ...>``.
-    Where the inline formatter is registered it takes precedence (one picture either way), and a
-    plain script's backend is left alone.
-    """
-
-    def _repr_png_(self) -> bytes:
-        return to_png(self)
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def literal_text(fn: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Every text the figure gets while ``fn`` builds it is drawn as written.
-
-    matplotlib reads text between two "$" as mathtext: a module or mesh dim named "$x$" would draw
-    as an italic x, and one holding "$\\frac$" would fail to draw at all (and with it the PNG in a
-    widget's notebook output). Text objects keep the setting they were made with, so the figure
-    stays literal wherever it is drawn later."""
-
-    @functools.wraps(fn)
-    def build(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with matplotlib.rc_context({"text.parse_math": False}):
-            return fn(*args, **kwargs)
-
-    return build
+_VIRIDIS = LinearSegmentedColormap.from_list(
+    "shardviz-viridis",
+    ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"],
+)
 
 
 def _fill(
@@ -76,13 +41,15 @@ def _fill(
     gid: str,
     alpha: float = 1.0,
     edge: str = "none",
+    pattern_ok: bool = True,
 ) -> None:
-    """A rank's colour, with its pattern where colours repeat (past nine ranks)."""
+    """A rank's colour, with its pattern where colours repeat (past nine ranks) and the block is
+    big enough to show it."""
     color, text, pattern = g.rank_style(rank)
     lw = 0.6 if edge != "none" else None
     ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, lw=lw, alpha=alpha, gid=gid))
     hatch = _HATCH[pattern]
-    if hatch and alpha == 1.0:
+    if hatch and alpha == 1.0 and pattern_ok:
         ink = "#ffffffb0" if text == "#FFFFFF" else "#00000080"
         ax.add_patch(Rectangle((x, y), w, h, fill=False, hatch=hatch, edgecolor=ink, lw=0, gid="pattern"))
 
@@ -168,6 +135,22 @@ def _label_fits(text: str, w_pt: float, h_pt: float, size: float) -> bool:
     return size >= 5 and len(text) * size * 0.62 < w_pt - 2 and size * 1.2 < h_pt
 
 
+# The tensor's drawing area at most (inches); a cell is at most CELL_IN on a side.
+TENSOR_W, TENSOR_H, CELL_IN = 5.6, 4.2, 0.5
+MESH_SIDE = 3.2  # the longest side of one mesh grid, inches
+LEGEND_RANKS = 16  # a legend of rank swatches up to this many ranks (past it, the cells say)
+NOTE_PT = 8.0
+
+
+def tensor_size(
+    nrows: int, ncols: int, max_w: float = TENSOR_W, max_h: float = TENSOR_H
+) -> tuple[float, float]:
+    """The drawing area of a nrows x ncols slice in inches: square cells where the shape allows,
+    never thinner than a readable strip."""
+    cell = min(max_w / max(ncols, 1), max_h / max(nrows, 1), CELL_IN)
+    return max(ncols * cell, 1.0), max(nrows * cell, 0.45)
+
+
 @literal_text
 def plot_layout(
     layout: Layout,
@@ -179,7 +162,8 @@ def plot_layout(
     title: str | None = None,
     group: int | None = None,
 ) -> Figure:
-    """Tensor (left) coloured by owning rank(s), mesh (right), notes and legend (below).
+    """Tensor (left) coloured by owning rank(s); mesh (right) with the rank legend under it; the
+    placements' notes below: laid out from the content (views/sheet.py).
 
     A sub-mesh's groups are drawn side by side, each with its own values, up to 16 ranks in all;
     past that one group (``group``, default 0).
@@ -189,96 +173,174 @@ def plot_layout(
     if heatmap and not values:
         raise ValueError("heatmap=True needs values: this layout was given without any")
     shown = g.shown_groups(layout, group)
-    fig = Figure(figsize=FIGSIZE, dpi=100)
-    FigureCanvasAgg(fig)
+    sheet = Sheet()
     names = f" {layout.mesh_dim_names}" if layout.mesh_dim_names else ""
     head = title or f"DTensor {describe.extent(layout.global_shape)} {layout.dtype}"
-    fig.text(0.01, 0.975, head, fontsize=12, weight="bold", va="top")
-    fig.text(
-        0.01,
-        0.935,
+    sheet.text(0, 0, head, fontsize=12, weight="bold")
+    sub = (
         f"mesh {layout.mesh_shape}{names} · placements [{', '.join(layout.placements)}] · "
-        f"{layout.world_size} ranks" + (f" in {len(layout.groups)} groups" if layout.groups else ""),
-        fontsize=9,
-        va="top",
-        color="#444444",
+        f"{layout.world_size} ranks" + (f" in {len(layout.groups)} groups" if layout.groups else "")
     )
-    if not layout.groups:
-        tax = fig.add_axes((0.06, 0.30, 0.46, 0.52), gid="tensor")
-        max_ = fig.add_axes((0.58, 0.30, 0.40, 0.52), gid="mesh")
-        draw_tensor(fig, tax, layout, values, rd, cd, idx, heatmap)
-        _draw_mesh(max_, layout)
-        _draw_legend(fig, layout)
-        return fig
-    # A sub-mesh: one tensor and one mesh per group shown, in a grid of cells.
-    n = len(shown)
-    gcols = min(n, 4)
-    grows = math.ceil(n / gcols)
-    cw, ch = 0.52 / gcols, 0.58 / grows
-    for k, gi in enumerate(shown):
-        sub = layout.group_layout(gi)
-        x0 = 0.06 + (k % gcols) * cw
-        y0 = 0.30 + (grows - 1 - k // gcols) * ch
-        tax = fig.add_axes((x0, y0, cw * 0.82, ch * 0.78), gid=f"tensor-g{gi}")
-        draw_tensor(fig, tax, sub, values, rd, cd, idx, heatmap, colorbar=k == 0)
-        tax.set_title(f"group {gi}: ranks {g.rank_list(sub.mesh_ranks)}", fontsize=8, loc="left")
-    mcols = min(n, 2)
-    mrows = math.ceil(n / mcols)
-    mw, mh = 0.38 / mcols, 0.58 / mrows
-    for k, gi in enumerate(shown):
-        sub = layout.group_layout(gi)
-        x0 = 0.60 + (k % mcols) * mw
-        y0 = 0.30 + (mrows - 1 - k // mcols) * mh
-        max_ = fig.add_axes((x0, y0, mw * 0.92, mh * 0.8), gid=f"mesh-g{gi}")
-        _draw_mesh(max_, sub)
-        max_.set_title(f"group {gi} mesh {layout.mesh_shape}", fontsize=8, loc="left")
+    sheet.text(0, sheet.bottom() + 0.04, sub, fontsize=9, color="#444444")
     if len(shown) < len(layout.groups):
-        fig.text(
-            0.01,
-            0.90,
+        sheet.text(
+            0,
+            sheet.bottom() + 0.03,
             f"group {shown[0]} of {len(layout.groups)} shown (plot(..., group=k) draws another)",
             fontsize=8,
-            va="top",
             color="#444444",
         )
-    _draw_legend(fig, layout)
-    return fig
+    top = sheet.bottom() + 0.18
+    subs = [(gi, layout.group_layout(gi)) for gi in shown] if layout.groups else [(None, layout)]
+    # the tensor: one panel, or one per group of a sub-mesh (up to four a row)
+    per_row = 1 if len(subs) == 1 else min(len(subs), 4 if len(subs) > 4 else 2)
+    scale = 1.0 if len(subs) == 1 else 1.0 / per_row
+    right = 0.0
+    y = top
+    mappable = None
+    for row in range(math.ceil(len(subs) / per_row)):
+        x = 0.0
+        low = y
+        for gi, sub_layout in subs[row * per_row : (row + 1) * per_row]:
+            ax, im = draw_tensor(
+                sheet,
+                sub_layout,
+                values,
+                rd,
+                cd,
+                idx,
+                heatmap,
+                TENSOR_W * scale + 1.2 * (scale < 1),
+                TENSOR_H * scale,
+            )
+            ax.set_gid("tensor" if gi is None else f"tensor-g{gi}")
+            if gi is not None:
+                ax.set_title(
+                    f"group {gi}: ranks {g.rank_list(sub_layout.mesh_ranks)}", fontsize=8, loc="left"
+                )
+            mappable = mappable or im
+            box = sheet.place(ax, x, y)
+            x = box.x1 + 0.25
+            low = max(low, box.y1)
+            right = max(right, box.x1)
+        y = low + 0.15
+    tensor_bottom = y - 0.15
+    if mappable is not None:
+        cax = sheet.axes(0, 0, 2.2, 0.13, gid="colorbar")
+        sheet.fig.colorbar(mappable, cax=cax, orientation="horizontal")
+        cax.tick_params(labelsize=7)
+        cax.set_title("values", fontsize=8, loc="left")
+        nan = sum(int(np.isnan(a).sum()) for a in _nan_counts(layout, values))
+        if nan:
+            cax.set_xlabel(f"{nan} NaN (grey)", fontsize=7, loc="left")
+        tensor_bottom = sheet.place(cax, 0, tensor_bottom + 0.12).y1
+    # the mesh: one grid (or a stack of them), or one per group, right of the tensor
+    mx = right + 0.45
+    my = top
+    for gi, sub_layout in subs:
+        ax = sheet.axes(mx, my, 1, 1, gid="mesh" if gi is None else f"mesh-g{gi}")
+        _draw_mesh(sheet, ax, sub_layout, scale=1.0 if len(subs) == 1 else 0.6)
+        if gi is not None:
+            ax.set_title(f"group {gi} mesh {layout.mesh_shape}", fontsize=8, loc="left")
+        my = sheet.place(ax, mx, my).y1 + 0.15
+    legend_bottom = my
+    if layout.world_size <= LEGEND_RANKS:
+        leg = _rank_legend(sheet, layout, mx, my + 0.05)
+        legend_bottom = sheet.extent(leg).y1
+    _notes(sheet, layout, max(tensor_bottom, legend_bottom) + 0.2)
+    return sheet.finish()
+
+
+def _nan_counts(layout: Layout, values: Mapping[int, np.ndarray] | None) -> list[np.ndarray]:
+    if not values:
+        return []
+    try:
+        return [np.asarray(g.heat(g.global_values(layout, values)))]
+    except (KeyError, ValueError, IndexError):
+        return []
+
+
+def _rank_legend(sheet: Sheet, layout: Layout, x: float, y: float) -> Any:
+    """Rank swatches with each local shape (empty shards dashed), beside the mesh they explain."""
+    handles = []
+    for s in layout.shards:
+        color, _, pattern = g.rank_style(s.rank)
+        handles.append(
+            Patch(
+                facecolor="white" if s.empty else color,
+                edgecolor="#555555",
+                hatch=_HATCH[pattern],
+                ls="--" if s.empty else "-",
+                label=f"r{s.rank} {describe.extent(s.shape)}",
+            )
+        )
+    return sheet.legend(
+        x,
+        y,
+        handles,
+        ncols=min(4, max(1, math.ceil(len(handles) / 4))),
+        fontsize=8,
+        handlelength=1.2,
+        handleheight=1.0,
+        columnspacing=1.0,
+        labelspacing=0.35,
+        title="ranks (local shape)",
+        title_fontsize=8,
+        alignment="left",
+    )
+
+
+def _notes(sheet: Sheet, layout: Layout, y: float) -> None:
+    """The placements in words, wrapped to the picture's width, under everything."""
+    lines = g.notes(layout)
+    if any(s.empty for s in layout.shards) and 0 not in layout.global_shape:
+        lines.append("dashed white cell = empty shard (0 elements)")
+    width = max(sheet.right(), 6.0)
+    chars = int(width * 72 / (NOTE_PT * 0.6))
+    out: list[str] = []
+    for line in lines[:6]:
+        out += textwrap.wrap(line, chars, subsequent_indent="    ")[:3]
+    if out:
+        sheet.text(0, y, "\n".join(out), fontsize=NOTE_PT, color="#333333", linespacing=1.35, gid="notes")
 
 
 def draw_tensor(
-    fig: Figure,
-    ax: Any,
+    sheet: Sheet,
     layout: Layout,
     values: Mapping[int, np.ndarray] | None,
     rd: int | None,
     cd: int | None,
     idx: tuple[int, ...],
     heatmap: bool,
-    colorbar: bool = True,
-) -> None:
+    max_w: float = TENSOR_W,
+    max_h: float = TENSOR_H,
+) -> tuple[Any, Any]:
+    """The drawn slice of the global tensor, each block coloured by its owner(s), in a new axes of
+    the sheet sized to the slice; returns the axes and the heat-map's image (None without one)."""
     shape = layout.global_shape
+    nrows = shape[rd] if rd is not None else 1
+    ncols = shape[cd] if cd is not None else 1
+    w_in, h_in = tensor_size(nrows, ncols, max_w, max_h) if 0 not in shape else (2.4, 0.6)
+    ax = sheet.axes(0, 0, w_in, h_in)
     sub = f" · rows dim {rd}, columns dim {cd} at {idx}" if len(shape) >= 3 else ""
-    ax.set_title(f"global tensor {describe.extent(shape)}{sub}", fontsize=10, loc="left")
+    ax.set_title(f"global tensor {describe.extent(shape)}{sub}", fontsize=10, loc="left", pad=4)
     if 0 in shape:
         ax.set_axis_off()
         ax.text(
-            0.5,
+            0.0,
             0.5,
             f"empty tensor {describe.extent(shape)}: no elements",
-            ha="center",
+            ha="left",
             va="center",
             fontsize=10,
         )
-        return
-    nrows = shape[rd] if rd is not None else 1
-    ncols = shape[cd] if cd is not None else 1
+        return ax, None
     ax.set_xlim(0, ncols)
     ax.set_ylim(nrows, 0)
-    ratio = max(nrows, ncols) / min(nrows, ncols)
-    ax.set_aspect("equal" if ratio <= 6 else "auto", adjustable="box", anchor="NW")
     blocks = g.blocks(layout, (rd, cd), idx)
     partial = g.partial_info(layout) is not None
     alpha = 0.15 if heatmap else 1.0
+    im = None
     if heatmap and values:
         glob = g.heat(g.global_values(layout, values))
         sl = tuple(slice(None) if d in (rd, cd) else idx[d] for d in range(len(shape)))
@@ -296,23 +358,9 @@ def draw_tensor(
             interpolation="nearest",
             vmin=lo,
             vmax=hi if hi > lo else lo + 1,
-            aspect=ax.get_aspect(),
+            aspect="auto",
         )
-        if colorbar:
-            cax = fig.add_axes((0.06, 0.215, 0.2, 0.018), gid="colorbar")
-            fig.colorbar(im, cax=cax, orientation="horizontal")
-            cax.tick_params(labelsize=7)
-            nan = int(np.isnan(img).sum())
-            if nan:
-                cax.set_title(f"{nan} NaN (grey)", fontsize=7, loc="left")
-    # points per data unit, for deciding which labels fit
-    bbox = ax.get_position()
-    w_in, h_in = FIGSIZE[0] * bbox.width, FIGSIZE[1] * bbox.height
-    if ax.get_aspect() == 1.0:
-        scale = min(w_in / ncols, h_in / nrows) * 72
-        px, py = scale, scale
-    else:
-        px, py = w_in * 72 / ncols, h_in * 72 / nrows
+    px, py = w_in * 72 / ncols, h_in * 72 / nrows  # points per element
     # Rank labels on every block or on none, so a dense picture does not look half-labelled.
     label_all = all(
         _label_fits(
@@ -336,15 +384,25 @@ def draw_tensor(
             )
             continue
         if len(b.owners) == 1:
-            _fill(ax, x, y, w, h, b.owners[0], f"shard-r{b.owners[0]}", alpha)
+            _fill(
+                ax,
+                x,
+                y,
+                w,
+                h,
+                b.owners[0],
+                f"shard-r{b.owners[0]}",
+                alpha,
+                pattern_ok=min(w * px, h * py) >= 6,
+            )
         elif len(b.owners) <= g.MAX_STRIPES:
             # diagonal stripes, one colour per owner in turn: shared, not split into columns
-            for i, pts in _stripes(w, h, len(b.owners)):
+            for i, pts in _stripes(w * px, h * py, len(b.owners)):
                 r = b.owners[i]
                 color, _, _ = g.rank_style(r)
                 ax.add_patch(
                     Polygon(
-                        [(x + u, y + v) for u, v in pts],
+                        [(x + u / px, y + v / py) for u, v in pts],
                         closed=True,
                         facecolor=color,
                         edgecolor="none",
@@ -358,8 +416,9 @@ def draw_tensor(
             )
         if partial and not heatmap:
             _partial(ax, x, y, w, h)
-        ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="white", lw=1.2, gid="edge"))
-        if heatmap or cells is not None or (len(b.owners) == 1 and not label_all):
+        if w * px >= 4 and h * py >= 4:  # a border on blocks big enough to keep their colour
+            ax.add_patch(Rectangle((x, y), w, h, fill=False, edgecolor="white", lw=1.2, gid="edge"))
+        if cells is not None or (len(b.owners) == 1 and not label_all):
             continue
         if len(b.owners) == 1:
             label = f"r{b.owners[0]}"
@@ -376,7 +435,8 @@ def draw_tensor(
         size = min(10.0, hpt * 0.35)
         if _label_fits(label, wpt, hpt, size):
             two = hpt > size * 2.8 and _label_fits(sub, wpt, hpt / 2, size * 0.85)
-            bbox_ = None if len(b.owners) == 1 else {"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1}
+            # over a heat-map or stripes the label sits on a white box, so it stays readable
+            boxed = heatmap or len(b.owners) > 1
             ax.text(
                 x + w / 2,
                 y + h / 2,
@@ -384,9 +444,10 @@ def draw_tensor(
                 ha="center",
                 va="center",
                 fontsize=size,
-                color=ink,
+                color="black" if boxed else ink,
                 family="monospace",
-                bbox=bbox_,
+                gid="rank-label",
+                bbox={"facecolor": "white", "alpha": 0.85, "lw": 0, "pad": 1} if boxed else None,
             )
     if cells is not None:
         texts, size = cells
@@ -405,30 +466,52 @@ def draw_tensor(
     ax.add_patch(Rectangle((0, 0), ncols, nrows, fill=False, edgecolor="#333333", lw=1, gid="frame"))
     rcuts = sorted({b.row0 for b in blocks} | {nrows})
     ccuts = sorted({b.col0 for b in blocks} | {ncols})
-    ax.set_yticks(_thin(rcuts) if rd is not None else [])
-    ax.set_xticks(_thin(ccuts) if cd is not None else [])
+    ax.set_yticks(_thin(rcuts, py, 9.0) if rd is not None else [])
+    ax.set_xticks(_thin(ccuts, px, 7.0 * 0.62 * max(len(str(ncols)), 1) + 4) if cd is not None else [])
     ax.tick_params(labelsize=7, length=2, top=True, labeltop=True, bottom=False, labelbottom=False)
     if rd is not None:
-        ax.set_ylabel(f"dim {rd} →", fontsize=8)
+        # read top to bottom, so the arrow points the way the row indices grow
+        ax.set_ylabel(
+            f"dim {rd} →", fontsize=8, rotation=-90, rotation_mode="default", ha="right", va="center"
+        )
     if cd is not None:
-        ax.set_xlabel(f"dim {cd} →", fontsize=8)
+        ax.set_xlabel(f"dim {cd} →", fontsize=8, labelpad=3)
         ax.xaxis.set_label_position("top")
     for side in ax.spines.values():
         side.set_visible(False)
+    return ax, im
 
 
-def _thin(cuts: list[int], most: int = 12) -> list[int]:
-    if len(cuts) <= most:
-        return cuts
-    step = math.ceil(len(cuts) / most)
-    out = cuts[::step]
-    return out if out[-1] == cuts[-1] else [*out, cuts[-1]]
+def _fit(name: str, tail: str, room: float, fontsize: float) -> str:
+    """``name + tail`` cut to about ``room`` points of ``fontsize`` text, the name shortened with an
+    ellipsis (a long mesh dim name along a short side would run over its neighbours)."""
+    per_char = fontsize * 0.62
+    fits = int(room / per_char) - len(tail)
+    if len(name) <= max(fits, 1):
+        return name + tail
+    return name[: max(fits - 1, 1)] + "…" + tail
 
 
-def _draw_mesh(ax: Any, layout: Layout) -> None:
+def _thin(cuts: list[int], per_unit: float, room: float) -> list[int]:
+    """Tick positions at least ``room`` points apart (``per_unit`` points per element), the last
+    always kept (the one before it goes instead)."""
+    out: list[int] = []
+    for c in cuts:
+        if not out or (c - out[-1]) * per_unit >= room:
+            out.append(c)
+    if out[-1] != cuts[-1]:
+        while len(out) > 1 and (cuts[-1] - out[-1]) * per_unit < room:
+            out.pop()
+        out.append(cuts[-1])
+    return out
+
+
+def _draw_mesh(sheet: Sheet, ax: Any, layout: Layout, scale: float = 1.0) -> None:
+    """The mesh: 1-D a row (wrapped past 32), 2-D a grid, 3-D+ a grid of 2-D grids; each cell a
+    rank in its colour with its number (and local shape where it fits). Resizes ``ax`` to fit."""
     ms = layout.mesh_shape
     labels = g.dim_labels(layout)
-    ax.set_title(f"mesh {ms}", fontsize=10, loc="left")
+    ax.set_title(f"mesh {ms}", fontsize=10, loc="left", pad=4)
     ax.set_axis_off()
     if len(ms) == 1:
         cols = min(ms[0], 32)
@@ -440,35 +523,42 @@ def _draw_mesh(ax: Any, layout: Layout) -> None:
     gcols = min(lead, 4)
     grows = math.ceil(lead / gcols)
     gap = 1.0
+    head = 0.8 if len(ms) >= 3 else 0.0  # room for each grid's title
     width = gcols * cols + (gcols - 1) * gap
-    height = grows * (rows + 0.8) + (grows - 1) * gap * 0.5
-    ax.set_xlim(-0.9, width + 0.1)
-    ax.set_ylim(height + 0.1, -0.9)
-    ax.set_aspect("equal", adjustable="box", anchor="NW")
-    bbox = ax.get_position()
-    unit = min(FIGSIZE[0] * bbox.width / (width + 1), FIGSIZE[1] * bbox.height / (height + 1)) * 72
+    height = grows * (rows + head) + (grows - 1) * gap * 0.5
+    unit_in = max(0.16, min(0.62, MESH_SIDE * scale / max(width, height)))
+    unit = unit_in * 72  # points per cell
+    # bands inside the axes for the dim labels (7 pt text), in cells
+    band = max(0.5, 12 / unit)
+    left = band if len(ms) >= 2 else 0.0
+    sheet.axes_resize(ax, (width + left) * unit_in, (height + band) * unit_in)
+    ax.set_xlim(-left, width)
+    ax.set_ylim(height, -band)
     partial = g.partial_info(layout) is not None
+    size = min(9.0, unit * 0.3)
     for gi in range(lead):
         ox = (gi % gcols) * (cols + gap)
-        oy = (gi // gcols) * (rows + 0.8 + gap * 0.5)
+        oy = (gi // gcols) * (rows + head + gap * 0.5) + head
         if len(ms) >= 3:
             coord = layout.shards[gi * per].coord
             name = ", ".join(f"{labels[m]}={c}" for m, c in enumerate(coord[:-2]))
-            ax.text(ox, oy - 0.15, name, fontsize=7, va="bottom")
+            ax.text(ox, oy - 0.12, name, fontsize=7, va="bottom")
         if gi == 0:
+            top = oy - (head if head else 0.0) - 0.12
             if len(ms) >= 2:
-                ax.text(ox, oy - 0.55 if len(ms) == 2 else oy - 0.6, f"{labels[-1]} ({cols}) →", fontsize=7)
+                ax.text(ox, top, f"{labels[-1]} ({cols}) →", fontsize=7, va="bottom")
+                # read top to bottom, so the arrow points the way the rows grow
                 ax.text(
-                    ox - 0.2,
+                    ox - 0.12,
                     oy + rows / 2,
-                    f"{labels[-2]} ({rows})",
+                    _fit(labels[-2], f" ({rows}) →", rows * unit, 7),
                     fontsize=7,
-                    rotation=90,
+                    rotation=-90,
                     va="center",
                     ha="right",
                 )
             else:
-                ax.text(ox, oy - 0.3, f"{labels[0]} ({ms[0]}) →", fontsize=7)
+                ax.text(ox, top, f"{labels[0]} ({ms[0]}) →", fontsize=7, va="bottom")
         for k in range(per):
             s = layout.shards[gi * per + k]
             x, y = ox + k % cols, oy + k // cols
@@ -490,62 +580,18 @@ def _draw_mesh(ax: Any, layout: Layout) -> None:
                 _fill(ax, x + 0.05, y + 0.05, 0.9, 0.9, s.rank, f"mesh-r{s.rank}", edge="#555555")
                 if partial:
                     _partial(ax, x + 0.05, y + 0.05, 0.9, 0.9)
-            size = min(9.0, unit * 0.3)
-            if size >= 4:
+            if size >= 5:
                 text = str(s.rank)
-                if unit >= 34:
-                    text += "\n" + ("empty" if s.empty else describe.extent(s.shape))
+                shape = "empty" if s.empty else describe.extent(s.shape)
+                if unit >= 34 and len(shape) * size * 0.75 * 0.62 < unit * 0.85:
+                    text += "\n" + shape
                 ax.text(
                     x + 0.5,
                     y + 0.5,
                     text,
                     ha="center",
                     va="center",
-                    fontsize=size,
+                    fontsize=size if "\n" not in text else size * 0.85,
                     color=ink,
                     family="monospace",
                 )
-
-
-def _draw_legend(fig: Figure, layout: Layout) -> None:
-    lines = g.notes(layout)
-    if any(s.empty for s in layout.shards) and 0 not in layout.global_shape:
-        lines.append("dashed white cell = empty shard (0 elements)")
-    y = 0.155
-    for line in lines[:6]:
-        fig.text(
-            0.01, y, line if len(line) <= 160 else line[:157] + "...", fontsize=8, va="top", color="#333333"
-        )
-        y -= 0.027
-    if layout.world_size <= 16:
-        handles = []
-        for s in layout.shards:
-            color, _, pattern = g.rank_style(s.rank)
-            handles.append(
-                Patch(
-                    facecolor="white" if s.empty else color,
-                    edgecolor="#555555",
-                    hatch=_HATCH[pattern],
-                    ls="--" if s.empty else "-",
-                    label=f"r{s.rank} {describe.extent(s.shape)}",
-                )
-            )
-        fig.legend(
-            handles=handles,
-            loc="lower right",
-            ncol=min(8, len(handles)),
-            fontsize=7,
-            frameon=False,
-            bbox_to_anchor=(0.99, 0.0),
-            handlelength=1.2,
-            columnspacing=0.8,
-        )
-
-
-def to_png(fig: _MplFigure, dpi: float | None = None) -> bytes:
-    """PNG bytes of a figure (the static fallback of a widget in a saved notebook), at the
-    figure's own dpi by default: the figures here are laid out for 100 dpi, where their smallest
-    text is 9 px or more (at 72 dpi it shrank to about 7 px)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi or fig.dpi, metadata={"Software": None})
-    return buf.getvalue()

@@ -11,7 +11,6 @@ error as one binary buffer).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,84 +19,19 @@ import numpy as np
 import traitlets
 from anywidget.experimental import command
 
-from ..data.numerics import NumericsReport, describe_row
+from ..data.numerics import NumericsReport
 from . import geometry as g
 from . import html
+from .numerics_agreement import row_agreement
+from .numerics_tree import heat_range, row_lines, summary
 from .widgets import EXPORT_VALUES_BUDGET, STATIC, StaticFallback, esm_source
 
 SYNCED = ("summary", "selected", "title")
-
-# Worst status first: a module line shows the worst of the rows under it.
-_SEVERITY = {"ok": 0, "missing": 1, "unassembled": 2, "replicas": 3, "shape": 4, "differs": 5}
 
 
 def css() -> str:
     """The layout view's CSS (for the layout drawn inline) and the report's own."""
     return "\n".join((STATIC / f).read_text(encoding="utf-8") for f in ("layout.css", "numerics.css"))
-
-
-def _finite(x: float | None) -> float | None:
-    """A number JSON can carry: None for NaN, a large finite number for infinity."""
-    if x is None or math.isnan(x):
-        return None
-    if math.isinf(x):
-        return 1e300 if x > 0 else -1e300
-    return float(x)
-
-
-def summary(report: NumericsReport) -> dict[str, Any]:
-    """The synced payload: the module tree as lines, each a module (with the worst error and
-    status under it) or a row of the report (an index into ``report.rows``)."""
-    index = {id(r): i for i, r in enumerate(report.rows)}
-    tree = report.tree()
-    lines: dict[str, list[Any]] = {"depth": [], "name": [], "row": [], "worst": [], "status": []}
-    first = report.first
-    # The worst error and status of each module line: over the rows until the next line of the
-    # same or a lower depth.
-    for k, (depth, name, row) in enumerate(tree):
-        lines["depth"].append(depth)
-        lines["name"].append(name or "")
-        if row is not None:
-            lines["row"].append(index[id(row)])
-            lines["worst"].append(_finite(row.worst))
-            lines["status"].append(row.status)
-            continue
-        worst: float | None = None
-        status = "ok"
-        for d, _, r in tree[k + 1 :]:
-            if d <= depth and r is None:
-                break
-            if r is None:
-                continue
-            if r.worst is not None and (worst is None or r.worst > worst):
-                worst = r.worst
-            if _SEVERITY[r.status] > _SEVERITY[status]:
-                status = r.status
-        lines["row"].append(-1)
-        lines["worst"].append(_finite(worst))
-        lines["status"].append(status)
-    rows = report.rows
-    return {
-        "head": report.summary().splitlines(),
-        "reference": report.reference,
-        "parallel": report.parallel,
-        "first": index[id(first)] if first is not None else -1,
-        "differ": len(report.differences),
-        "lines": lines,
-        "rows": {
-            "module": [r.module for r in rows],
-            "what": [r.what for r in rows],
-            "call": [r.key.call for r in rows],
-            "phase": [r.phase for r in rows],
-            "shape": [list(r.shape) if r.shape is not None else None for r in rows],
-            "dtype": [r.dtype for r in rows],
-            "max_abs": [_finite(r.max_abs) for r in rows],
-            "max_rel": [_finite(r.max_rel) for r in rows],
-            "worst": [_finite(r.worst) for r in rows],
-            "status": [r.status for r in rows],
-            "tolerance": [str(r.tolerance) for r in rows],
-        },
-    }
 
 
 def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]:
@@ -108,7 +42,8 @@ def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]
     row = report.rows[i]
     out: dict[str, Any] = {
         "row": i,
-        "lines": describe_row(row),
+        "lines": row_lines(row),
+        "agreement": row_agreement(row),
         "geometry": g.payload(row.layout) if row.layout is not None else None,
         "inferred": row.inferred,
         "index": list(row.index) if row.index is not None else None,
@@ -119,6 +54,9 @@ def detail(report: NumericsReport, i: int) -> tuple[dict[str, Any], list[bytes]]
     if row.error is None:
         return out, []
     err = np.asarray(row.error, dtype=np.float64)
+    lo, hi = heat_range(err)
+    out["heat_range"] = [lo, hi]
+    out["nonfinite"] = int(np.count_nonzero(~np.isfinite(err)))
     err = np.where(np.isfinite(err), err, 3e38).astype(np.float32)
     meta, data = g.encode(err, "float32")
     out["heat"] = meta
@@ -181,7 +119,9 @@ class NumericsWidget(StaticFallback, anywidget.AnyWidget):
     def figure(self) -> Any:
         from .numerics_mpl import plot_numerics
 
-        return plot_numerics(self._report, title=self.title or None)
+        return plot_numerics(
+            self._report, title=self.title or None, row=self.selected if self.selected >= 0 else None
+        )
 
     def export_html(self, path: str | Path, *, values_budget: int = EXPORT_VALUES_BUDGET) -> Path:
         """One self-contained HTML file: the tree, and each row's detail while they fit in

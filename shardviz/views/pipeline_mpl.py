@@ -8,8 +8,8 @@ from typing import Any
 from matplotlib.colors import to_rgba
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .mpl import Figure, literal_text
 from .pipeline_svg import ARROW_COLOURS, ARROW_OTHER, BACKWARD_OPACITY, COLOURS, LEGEND
+from .sheet import Figure, Sheet, literal_text
 
 
 @literal_text
@@ -17,9 +17,15 @@ def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
     """``tl``: a ``shardviz.pipeline.Timeline``."""
     ranks = list(tl.ranks)
     lane = {r: i for i, r in enumerate(ranks)}
-    width = max(4.0, min(16.0, 1.0 + 0.5 * float(tl.makespan or 1)))
-    fig = Figure(figsize=(width, 1.5 + 0.45 * max(len(ranks), 1)))
-    ax = fig.add_subplot(1, 1, 1)
+    width = max(3.5, min(14.0, 0.5 * float(tl.makespan or 1)))
+    sheet = Sheet()
+    head = title or "pipeline timeline"
+    ax = sheet.axes(0, 0, width, 0.42 * max(len(ranks), 1), gid="lanes")
+    ax.set_title(
+        f"{head} · {len(ranks)} ranks · {float(tl.makespan):g} steps · bubble {tl.bubble:.1%}",
+        fontsize=10,
+        loc="left",
+    )
     for i in tl.intervals:
         y = lane[i.rank]
         color = COLOURS[(i.microbatch or 0) % len(COLOURS)]
@@ -55,14 +61,9 @@ def plot_timeline(tl: Any, *, title: str | None = None) -> Figure:
     ax.set_xlim(0, max(float(tl.makespan), 1.0))
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_xlabel("step")
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel("step", fontsize=9)
     ax.spines[["top", "right"]].set_visible(False)
-    head = title or "pipeline timeline"
-    ax.set_title(
-        f"{head} · {len(ranks)} ranks · {float(tl.makespan):g} steps · bubble {tl.bubble:.1%}",
-        fontsize=10,
-        loc="left",
-    )
-    fig.text(0.01, 0.01, "\n".join(LEGEND), fontsize=8, color="#555555", va="bottom", gid="legend")
-    fig.tight_layout(rect=(0, 0.09 + 0.1 / max(len(ranks), 1), 1, 1))
-    return fig
+    lanes = sheet.place(ax, 0, 0)
+    sheet.text(0, lanes.y1 + 0.08, "\n".join(LEGEND), fontsize=8, color="#555555", gid="legend")
+    return sheet.finish()

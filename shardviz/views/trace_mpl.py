@@ -4,6 +4,7 @@ trace's timeline, read from the same step data as the widget (``steps.Model``)."
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,8 @@ from matplotlib.patches import Patch, Rectangle
 
 from ..data import describe
 from . import geometry as g
-from .mpl import Figure, draw_tensor, literal_text
+from .mpl import draw_tensor
+from .sheet import Figure, Sheet, literal_text
 
 # Groups drawn in one event figure before the rest are only counted.
 PLOT_GROUPS = 4
@@ -34,14 +36,13 @@ _OP_COLORS = {
 @literal_text
 def plot_message(head: str, body: str = "") -> Figure:
     """A figure that only says something (an empty trace, an event with nothing to draw)."""
-    fig = Figure(figsize=(8.0, 2.4), dpi=100)
-    FigureCanvasAgg(fig)
-    fig.text(0.01, 0.94, head, fontsize=11, weight="bold", va="top")
+    sheet = Sheet()
+    sheet.text(0, 0, head, fontsize=11, weight="bold")
     lines = body.split("\n")[:10]
-    fig.text(
-        0.01, 0.78, "\n".join(x if len(x) <= 130 else x[:127] + "..." for x in lines), fontsize=8, va="top"
-    )
-    return fig
+    if any(lines):
+        text = "\n".join(x if len(x) <= 130 else x[:127] + "..." for x in lines)
+        sheet.text(0, sheet.bottom() + 0.08, text, fontsize=8)
+    return sheet.finish(min_width=4.0)
 
 
 @literal_text
@@ -96,8 +97,10 @@ def _plot_flow(d: Mapping[str, Any], head: str, sub: str, event: Any) -> Figure:
     check = d.get("check")
     if check and check.get("checked") and not check.get("ok"):
         notes.insert(0, f"WARNING: {check.get('note')}")
-    notes = [x if len(x) <= 150 else x[:147] + "..." for x in notes[:4]]
     width = max(width, 560.0)
+    # wrapped at the drawing's width (10 px text, about 6.2 px a character), never cut
+    per_line = max(int((width - 12) / 6.2), 40)
+    notes = [part for x in notes[:4] for part in textwrap.wrap(x, per_line) or [""]]
     total = top + height + 6 + 14 * len(notes)
 
     def say(y: float, text: str, px: float, **kw: Any) -> None:  # figure text at pixel (6, y)
@@ -115,33 +118,42 @@ def _plot_flow(d: Mapping[str, Any], head: str, sub: str, event: Any) -> Figure:
 
 
 def _plot_redistribute(event: Any, d: Mapping[str, Any], head: str, sub: str) -> Figure:
-    fig = Figure(figsize=(11.0, 5.6), dpi=100)
-    FigureCanvasAgg(fig)
-    fig.text(0.01, 0.985, head, fontsize=11, weight="bold", va="top")
-    fig.text(0.01, 0.94, sub, fontsize=7.5, va="top", color="#444444")
-    for layout, box, name in (
-        (event.before, (0.05, 0.33, 0.38, 0.45), "before"),
-        (event.after, (0.57, 0.33, 0.38, 0.45), "after"),
-    ):
-        ax = fig.add_axes(box, gid=f"layout-{name}")
+    """The layouts before and after side by side with an arrow between, and the plan under them."""
+    sheet = Sheet()
+    sheet.text(0, 0, head, fontsize=11, weight="bold")
+    sheet.text(0, sheet.bottom() + 0.05, sub, fontsize=8, color="#444444")
+    top = sheet.bottom() + 0.2
+    x = 0.0
+    boxes = []
+    for layout, name in ((event.before, "before"), (event.after, "after")):
         if layout is None:
-            ax.set_axis_off()
-            ax.text(0.5, 0.5, "layout not recorded", ha="center", va="center")
-            continue
-        rd, cd = g.view_dims(len(layout.global_shape))
-        draw_tensor(fig, ax, layout, None, rd, cd, g.view_index(layout.global_shape), False)
-        ax.set_title(
-            f"{name}: [{', '.join(layout.placements)}] on mesh {layout.mesh_shape}", fontsize=9, loc="left"
-        )
-    fig.text(0.5, 0.56, "→", fontsize=30, ha="center", va="center", color="#555555")
+            t = sheet.text(x, top + 0.3, f"{name}: layout not recorded", fontsize=9)
+            boxes.append(sheet.extent(t))
+        else:
+            rd, cd = g.view_dims(len(layout.global_shape))
+            ax, _ = draw_tensor(
+                sheet, layout, None, rd, cd, g.view_index(layout.global_shape), False, 4.0, 3.2
+            )
+            ax.set_gid(f"layout-{name}")
+            ax.set_title(
+                f"{name}: [{', '.join(layout.placements)}] on mesh {layout.mesh_shape}",
+                fontsize=9,
+                loc="left",
+            )
+            boxes.append(sheet.place(ax, x, top))
+        if name == "before":
+            mid = (boxes[0].y0 + boxes[0].y1) / 2
+            arrow = sheet.text(boxes[0].x1 + 0.25, mid, "→", fontsize=26, va="center", color="#555555")
+            x = sheet.extent(arrow).x1 + 0.25
     lines = [f"plan {d.get('plan') or '-'}"]
     for i, p in enumerate(d.get("plan_steps") or []):
         what = p["op"] or "local: no communication"
         ev = f" (event #{p['event']})" if p.get("event") is not None else ""
         lines.append(f"  {i + 1}. mesh {p['dim_label']}: {p['src']} -> {p['dst']}: {what}{ev}")
     lines += list(d.get("notes") or [])
-    fig.text(0.01, 0.24, "\n".join(lines[:8]), fontsize=8, va="top", family="monospace", gid="plan")
-    return fig
+    lines = [x if len(x) <= 150 else x[:147] + "..." for x in lines[:8]]
+    sheet.text(0, sheet.bottom() + 0.2, "\n".join(lines), fontsize=8, family="monospace", gid="plan")
+    return sheet.finish()
 
 
 @literal_text
@@ -157,9 +169,15 @@ def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Fig
         return plot_message(title or "no collectives in this trace", str(trace))
     rows = [_cost.event_cost(e, lk) for e in cols]
     lanes = list(dict.fromkeys(r.mesh_dim for r in rows))
-    fig = Figure(figsize=(11.0, 1.6 + 0.45 * len(lanes)), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_axes((0.1, 0.32, 0.86, 0.5), gid="timeline")
+    total = sum(r.bus_bytes_per_rank for r in rows)
+    t = sum(r.seconds for r in rows)
+    sheet = Sheet()
+    head = title or (
+        f"{len(rows)} collectives: {describe.bytes_text(total)} bus bytes per rank, "
+        f"{_cost.human_seconds(t)} on {lk.name}"
+    )
+    sheet.text(0, 0, head, fontsize=11, weight="bold")
+    ax = sheet.axes(0, 0, 8.5, 0.32 * len(lanes) + 0.2, gid="timeline")
     t = 0.0
     for r in rows:
         lane = lanes.index(r.mesh_dim)
@@ -180,19 +198,13 @@ def plot_trace(trace: Any, *, link: Any = None, title: str | None = None) -> Fig
     ax.set_yticks(range(len(lanes)), [f"mesh {x}" if x != "-" else "no mesh dim" for x in lanes], fontsize=8)
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel(f"estimated time on {lk.name} (us, collectives one after another)", fontsize=8)
-    total = sum(r.bus_bytes_per_rank for r in rows)
-    head = title or (
-        f"{len(rows)} collectives: {describe.bytes_text(total)} bus bytes per rank, "
-        f"{_cost.human_seconds(t)} on {lk.name}"
-    )
-    fig.text(0.01, 0.96, head, fontsize=11, weight="bold", va="top")
+    box = sheet.place(ax, 0, sheet.bottom() + 0.15)
     used = list(dict.fromkeys(r.op for r in rows))
-    fig.legend(
-        handles=[Patch(facecolor=_OP_COLORS.get(op, "#777777"), label=op) for op in used],
-        loc="lower right",
-        ncol=min(6, len(used)),
+    sheet.legend(
+        0,
+        box.y1 + 0.08,
+        [Patch(facecolor=_OP_COLORS.get(op, "#777777"), label=op) for op in used],
+        ncols=min(6, len(used)),
         fontsize=7,
-        frameon=False,
-        bbox_to_anchor=(0.99, 0.0),
     )
-    return fig
+    return sheet.finish()

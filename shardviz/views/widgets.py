@@ -40,9 +40,11 @@ PANELS: dict[str, tuple[str, ...]] = {
             "buffers",
             "ring",
             "redistribute",
+            "mount",  # mountPlayer: the whole player into an element (the player and the playground)
         )
     ),
 }
+PANELS["playground"] = PANELS["player"]  # the playground draws its collectives with the player
 
 
 def esm_files(view: str) -> tuple[str, ...]:

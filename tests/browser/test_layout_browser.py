@@ -135,3 +135,25 @@ def test_256_ranks_render_and_stay_responsive(page, tmp_path, artifacts):
     assert p.evaluate("1 + 1") == 2  # the page's event loop answers
     p.screenshot(path=str(artifacts / "layout_256_ranks.png"), full_page=True)
     no_trouble(page)
+
+
+def test_axis_arrows_point_the_way_indices_grow(page, tmp_path):
+    """Each axis label's arrow, mapped through the label's on-screen transform, points right for
+    columns and down for rows (rows grow downward), in the tensor and in the mesh."""
+    lay = sv.layout((6, 8), (2, 2), ["S(0)", "S(1)"], ("dp", "tp"))
+    open_export(page, sv.export_html(lay, tmp_path / "arrows.html"))
+    got = page.page.eval_on_selector_all(
+        ".sv-axis-label",
+        """els => els.filter(e => e.textContent).map(e => {
+            const t = e.textContent, m = e.getCTM();
+            const along = t.includes("←") ? -1 : t.includes("→") ? 1 : 0;
+            return [t, along * m.a, along * m.b];  // the arrow's screen direction (x, y)
+        })""",
+    )
+    rows = [g for g in got if abs(g[2]) > 0.5]
+    cols = [g for g in got if abs(g[1]) > 0.5]
+    assert rows and cols, got
+    assert all(dy > 0.5 for _, _, dy in rows), rows  # down
+    assert all(dx > 0.5 for _, dx, _ in cols), cols  # right
+    assert len(rows) + len(cols) == len(got), got  # every label has an arrow
+    no_trouble(page)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import shardviz as sv
 from shardviz.compare import Comparison
-from shardviz.errors import BackendError
+from shardviz.errors import BackendError, PerRankValueError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -112,7 +112,7 @@ def test_compare_agrees_on_spmd_code(gloo):
 
 def test_compare_explains_a_list_index_by_rank(gloo):
     gloo(2)
-    with pytest.raises(AttributeError, match="per-rank value") as info:
+    with pytest.raises(PerRankValueError, match="per-rank value") as info:
         sv.compare(rank_dependent)
     assert "sv.use('threads', world_size=N)" in str(info.value)
 

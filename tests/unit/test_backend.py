@@ -66,8 +66,10 @@ def test_bad_use_arguments(args, error, match):
 
 
 def test_local_rejects_options():
-    with pytest.raises(TypeError, match="takes no options"):
+    with pytest.raises(TypeError, match="takes no options but check_capacity, engine"):
         sv.use("local", world_size=2, profile="x")
+    with pytest.raises(ValueError, match="unknown simulator engine 'vectorised'"):
+        sv.use("local", world_size=2, engine="vectorised")
 
 
 def test_record_simulates_and_leaves_nothing_behind():

@@ -1,8 +1,8 @@
 """The differential test of the simulator (issue 30): random small DTensor programs (``differential``)
-run in plain torch on full tensors, in the lockstep simulator and on one thread per rank; every
-result and gradient, on every rank, equals plain torch's, and the two simulations' traces are
-event-equal. A program both simulations refuse alike (torch's DTensor has no way to run it) is
-counted as a refusal, never as a pass of the comparison.
+run in plain torch on full tensors, in the lockstep simulator, on one thread per rank and on the
+batched engine; every result and gradient, on every rank, equals plain torch's, and every
+simulation's trace is event-equal to lockstep's. A program every simulation refuses alike (torch's
+DTensor has no way to run it) is counted as a refusal, never as a pass of the comparison.
 
 Fixed seed (the CI hypothesis profile derandomizes), examples per world size grouped so that
 each world's process group is built once per batch. ``SHARDVIZ_DIFFERENTIAL_EXAMPLES=N`` runs N

@@ -301,3 +301,23 @@ def test_plot_is_a_figure_with_one_bar_per_rank_and_part(tp4):
     ]
     with pytest.raises(ValueError, match="stack="):
         sv.plot(model, stack="colour")
+
+
+def test_kind_colours_never_read_as_a_rank():
+    """The model map's kind colours (param, buffer, grad, optimizer), in the widget and the picture,
+    keep CIE76 >= 25 from every rank's colour; buffer was rank 6's teal (13.2)."""
+    import re
+    from pathlib import Path
+
+    from shardviz.views import geometry
+    from shardviz.views.model_mpl import _KIND_COLORS
+
+    js = (Path(geometry.__file__).parent / "static" / "model.js").read_text()
+    widget = dict(
+        re.findall(r'(\w+): "(#[0-9a-f]{6})"', js.split("const KIND_COLOR = ", 1)[1].split("}", 1)[0])
+    )
+    assert widget == _KIND_COLORS
+    assert geometry.delta_e("#72b7b2", geometry.PALETTE[6]) < 25  # the check sees the old teal
+    for kind, colour in _KIND_COLORS.items():
+        for rank, own in enumerate(geometry.PALETTE):
+            assert geometry.delta_e(colour, own) >= 25, (kind, rank)

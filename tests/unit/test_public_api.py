@@ -49,6 +49,7 @@ FUNCTIONS = {
     "pipeline_timeline": "(trace, forward=1, backward=1)",
     "plan": "(shape, mesh_shape, src, dst, mesh_dim_names=None, *, dtype='float32')",
     "play": "(trace, **options)",
+    "playground": "(shape=None, mesh_shape=None, src=None, dst=None, mesh_dim_names=None, *, link=None)",
     "plot": "(obj, **options)",
     "record": "(values=67108864, memory=False)",
     "record_job": "(path=None, *, values=67108864, flush_every=1.0, signals=True)",

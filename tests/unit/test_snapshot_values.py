@@ -103,7 +103,9 @@ def test_a_gather_list_reused_for_two_all_gathers(mesh, n):
 
 
 def test_a_write_the_recorder_cannot_see_never_shows_wrong_values(mesh, n):
-    aliased = n == SIZES[-1]
+    # A large buffer that is a tensor of its own is aliased; the batched engine's ranks are slices
+    # of one stack, which are copied at once as small buffers are: the values at the collective.
+    aliased = n == SIZES[-1] and choose.current().engine != "batched"
     with warnings.catch_warnings(record=True) as caught, sv.record() as trace:
         warnings.simplefilter("always")
         t = sv.per_rank(lambda r: torch.full((n,), float(r)))

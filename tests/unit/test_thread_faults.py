@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 import shardviz as sv
 from shardviz.backends import choose
@@ -48,6 +48,12 @@ def run(kind: str, fault: Callable[[int], Any]) -> Any:
     if kind == "threads":
         return sv.run(lambda: fault(dist.get_rank()))
     return sv.run(fault, threads=2)
+
+
+def patched_now() -> list[Any]:
+    """What the globals a LocalTensorMode patches while it is on are now (plain torch's, outside one)."""
+    names = ("get_coordinate", "get_local_rank", "get_rank", "_is_current_rank_part_of_mesh")
+    return [dist.get_rank, torch.manual_seed, *(getattr(DeviceMesh, n, None) for n in names)]
 
 
 def next_run_is_right(kind: str) -> None:
@@ -301,6 +307,8 @@ def test_a_run_after_a_rank_that_does_not_stop_is_refused_until_it_does(kind, mo
             lock.acquire()  # a blocking C call, on purpose
             lock.release()
 
+    before_patch = patched_now()
+    before = threads_now()
     ctrl_c = CtrlC()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -312,6 +320,14 @@ def test_a_run_after_a_rank_that_does_not_stop_is_refused_until_it_does(kind, mo
     assert "lock.acquire()" in str(info.value)
     threading.Timer(0.1, lambda: (lock.release(), released.set())).start()
     assert released.wait(10)
+    # Once the straggler has ended, nothing it ran under stays patched for what runs next. On torch
+    # >= 2.15 its leaving wrote another thread's LocalTensorMode ``dist.get_rank`` back, and every
+    # sv.use('threads') run after it failed with "Unexpectedly not in LocalTensorMode".
+    no_thread_left(before, grace=10)
+    sv.use("threads", world_size=N)
+    assert sv.run(lambda: dist.get_rank()).results == {r: r for r in range(N)}
+    assert patched_now() == before_patch
+    sv.use("local" if kind == "lockstep" else "threads", world_size=N)
     next_run_is_right(kind)
 
 

@@ -48,6 +48,9 @@ def test_summarize_axis_keeps_every_cut_and_elides_long_stretches():
     assert grid.summarize_axis(12, [3, 6, 9, 40], 8) == ((0, 12),)
     # many chunks: more cells than asked for, never merged
     assert grid.summarize_axis(64, range(0, 64, 2), 8) == ((0, 64),)
+    # hundreds of chunks (an all_to_all over 64 ranks and more): the first 16 keep their borders,
+    # then one cell of the 17th, a band, and the last chunk (it drew all 64 chunks)
+    assert grid.summarize_axis(128, range(0, 128, 2), 8) == ((0, 33), (125, 128))
 
 
 @pytest.fixture(scope="module")

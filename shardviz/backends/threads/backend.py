@@ -159,6 +159,7 @@ class ThreadsBackend:
         """``body(rank)`` on every rank, recorded; (each rank's value, the merged trace). ``what``
         runs (``sv.run(fn)``, a cell): the backend may not change meanwhile."""
         ValueBudget(values)
+        _torch.settle_stopped_runs()  # a stopped lockstep run's threads, before any rank starts
         share = (
             values // self.world_size if isinstance(values, int) and not isinstance(values, bool) else values
         )

@@ -59,12 +59,33 @@ def fsdp_owner(frame: FrameType) -> Any:
 STORAGE_RESIZE_LISTENERS: list[Callable[[int | None, torch.Tensor], None]] = []
 
 
-def _per_rank_storage(original: Any) -> Any:
+def _per_rank_storage(original: Any, kind: str) -> Any:
+    """FSDP2's ``alloc_storage`` / ``free_storage`` (``kind``) for each simulated rank's tensor.
+    Ranks whose tensors are slices of one storage (the batched engine's stacks) have it resized
+    once: freed, or grown to what all of them need (as each rank's own storage would be)."""
+
     @functools.wraps(original)
     def resize(tensor: torch.Tensor) -> None:
-        per_rank = tensor._local_tensors if isinstance(tensor, LocalTensor) else {None: tensor}
+        if not isinstance(tensor, LocalTensor):
+            original(tensor)
+            for listener in STORAGE_RESIZE_LISTENERS:
+                listener(None, tensor)
+            return
+        per_rank = dict(tensor._local_tensors)  # the ranks' views, made while the memory is there
+        shared: dict[int, list[torch.Tensor]] = {}
+        for t in per_rank.values():
+            shared.setdefault(t.untyped_storage()._cdata, []).append(t)
+        for views in shared.values():
+            if len(views) == 1:
+                original(views[0])
+                continue
+            storage = views[0].untyped_storage()
+            needed = (
+                0 if kind == "free" else max((t.storage_offset() + t.numel()) * t.itemsize for t in views)
+            )
+            if storage.size() != needed:
+                storage.resize_(int(needed))
         for r, t in per_rank.items():
-            original(t)
             for listener in STORAGE_RESIZE_LISTENERS:
                 listener(r, t)
 
@@ -197,8 +218,8 @@ def fsdp_in_simulation() -> Iterator[None]:
     with _depth_lock:
         if _depth == 0:
             _torch_own.update(own)
-            fp.alloc_storage = fpg.alloc_storage = _per_rank_storage(own["alloc"])
-            fp.free_storage = _per_rank_storage(own["free"])
+            fp.alloc_storage = fpg.alloc_storage = _per_rank_storage(own["alloc"], "alloc")
+            fp.free_storage = _per_rank_storage(own["free"], "free")
             fp.FSDPParam._init_sharded_param = _per_rank_shards(own["init"])
             state._pre_forward = _refused_pre_forward(own["pre_forward"])
         _depth += 1

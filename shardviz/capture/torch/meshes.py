@@ -16,7 +16,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from ...geometry.mesh import MeshInfo
 from ...geometry.placement import Placement
 from .gate import StridedShard, strided_split_factor
-from .modes import local_modes, no_dispatch
+from .modes import active_local_mode, local_modes, no_dispatch
 from .per_rank import symint_at_rank
 from .tensors import dtype_name
 
@@ -77,10 +77,14 @@ def mesh_info(mesh: Any) -> MeshInfo:
     hit = _mesh_infos.get(id(mesh))
     if hit is not None and hit[0]() is mesh:
         return hit[1]
+    # Both reads of the mesh tensor stay out of the user's dispatch modes: computing it runs aten
+    # ops (eq, nonzero, item) that a CommDebugMode or DebugMode around the user's code would list.
     with no_dispatch():
-        ranks = tuple(int(r) for r in mesh.mesh.flatten().tolist())
+        tensor = mesh.mesh
+        ranks = tuple(int(r) for r in tensor.flatten().tolist())
+        shape = tuple(int(s) for s in tensor.shape)
     names = tuple(mesh.mesh_dim_names) if mesh.mesh_dim_names else None
-    info = (tuple(int(s) for s in mesh.mesh.shape), names, ranks)
+    info = (shape, names, ranks)
     with contextlib.suppress(TypeError):
         key = id(mesh)
         _mesh_infos[key] = (weakref.ref(mesh, _forget(_mesh_infos, key)), info)
@@ -257,6 +261,12 @@ def tracking_meshes() -> Iterator[None]:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         remember_mesh(self)
+        # LocalTensorMode computes each rank's coordinates on a mesh's first use and caches them:
+        # computed here, where real ranks compute theirs, its tensor ops do not show up later in a
+        # CommDebugMode or DebugMode around the first DTensor op on the mesh.
+        if active_local_mode() is not None:
+            with contextlib.suppress(Exception):
+                self.get_coordinate()
 
     DeviceMesh.__init__ = init  # type: ignore[method-assign]
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,10 +26,55 @@ def active_local_mode() -> Any:
 _own_modes: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def new_local_mode(world_size: int) -> Any:
-    mode = LocalTensorMode(world_size)
+# The simulator's engines: "batched" (every rank's values of a tensor stacked, each op run once
+# for all ranks: ``batched``) or "lockstep" (torch's LocalTensorMode: each op once per rank).
+ENGINES = ("batched", "lockstep")
+ENGINE_ENV = "SHARDVIZ_ENGINE"
+
+
+def default_engine() -> str:
+    """The engine ``sv.use("local")`` gets when none is named: ``$SHARDVIZ_ENGINE`` if set."""
+    name = os.environ.get(ENGINE_ENV, "").strip() or DEFAULT_ENGINE
+    return check_engine(name)
+
+
+DEFAULT_ENGINE = "lockstep"
+
+
+# The batched engine reaches LocalTensor's collective helpers as torch 2.13 has them.
+BATCHED_FROM = (2, 13)
+
+
+def check_engine(name: object) -> str:
+    if name not in ENGINES:
+        raise ValueError(f"unknown simulator engine {name!r}; choose one of {ENGINES} (or set ${ENGINE_ENV})")
+    here = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if name == "batched" and here < BATCHED_FROM:
+        raise ValueError(
+            f"the batched simulator engine needs torch >= {BATCHED_FROM[0]}.{BATCHED_FROM[1]} (this is "
+            f"{torch.__version__}): use the default engine, sv.use('local', world_size=N) (engine="
+            f"'lockstep'), or unset ${ENGINE_ENV}"
+        )
+    return str(name)
+
+
+def new_local_mode(world_size: int, engine: str = "lockstep") -> Any:
+    """A LocalTensorMode shardviz owns, on ``engine``."""
+    if check_engine(engine) == "batched":
+        from .batched import BatchedLocalTensorMode
+
+        mode = BatchedLocalTensorMode(world_size)
+    else:
+        mode = LocalTensorMode(world_size)
     _own_modes.add(mode)
     return mode
+
+
+def is_batched(mode: Any) -> bool:
+    """Whether ``mode`` is the batched engine's (its tensors are stacked across ranks)."""
+    from .batched import BatchedLocalTensorMode
+
+    return isinstance(mode, BatchedLocalTensorMode)
 
 
 def is_own_mode(mode: Any) -> bool:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+import types
 from typing import Any
 
 import torch
@@ -44,30 +45,90 @@ class _Stopped(BaseException):
 STOP_WAIT = 1.0  # seconds a Ctrl-C waits for the runner threads to stop
 SETTLE_WAIT = 3.0  # seconds a run waits for the threads a stopped run left in an uninterruptible call
 
-# Runs stopped by Ctrl-C whose threads were still in a call Python cannot interrupt: (those threads,
-# each one's thread index, where they were, LocalTensorMode's process-mode flag to put back once
-# they end). Until then the flag stays off, so that every thread keeps its own list of active
-# modes: a straggler leaving its mode touches only its own, never the notebook's.
-_stopped_runs: list[tuple[dict[int, Any], dict[int, str], bool]] = []
+_MISSING = object()
 
 
-def _settle_stopped_runs(wait: float) -> None:
+@dataclasses.dataclass(eq=False)
+class _StoppedRun:
+    """A run stopped by Ctrl-C whose threads were still in a call Python cannot interrupt.
+
+    Until they end, LocalTensorMode's process-mode flag stays off, so that every thread keeps its
+    own list of active modes: a straggler leaving its mode touches only its own, never the
+    notebook's. But leaving its modes also writes back the globals they patched (``dist.get_rank``
+    on torch >= 2.15, DeviceMesh's rank methods, shardviz's per-rank ``get_rank``) as they were when
+    it entered: by then another thread's patch, left in place after the notebook's run has returned.
+    So once they end, ``put_back`` (each attribute and the value it had before the run) is applied."""
+
+    threads: dict[int, Any]  # thread index -> its Thread
+    where: dict[int, str]  # thread index -> where it was stopped
+    process_mode: bool
+    put_back: list[tuple[Any, str, Any]]
+
+
+_stopped_runs: list[_StoppedRun] = []
+
+
+def settle_stopped_runs(wait: float | None = None) -> None:
+    """Before any simulation starts: wait (up to ``wait`` seconds, SETTLE_WAIT by default) for
+    threads a stopped run left behind, and once they have ended put back what their leaving
+    changed. Refuses, naming them, while one still runs: its leaving would change the globals a
+    new run stands on, halfway through it."""
     from ...errors import BackendError
 
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + (SETTLE_WAIT if wait is None else wait)
     for entry in list(_stopped_runs):
-        threads, where, process_mode = entry
-        stopping.wait_ended(threads.values(), deadline)
-        alive = [t for t, th in threads.items() if th.is_alive()]
+        stopping.wait_ended(entry.threads.values(), deadline)
+        alive = [t for t, th in entry.threads.items() if th.is_alive()]
         if alive:
             raise BackendError(
                 "a run of sv.run(fn, threads=N) stopped by Ctrl-C left "
-                + "; ".join(f"thread {t} {where.get(t, 'running')}" for t in alive)
-                + " in a call Python cannot interrupt, and a new threaded run cannot start until it "
+                + "; ".join(f"thread {t} {entry.where.get(t, 'running')}" for t in alive)
+                + " in a call Python cannot interrupt, and no simulated run can start until it "
                 "ends: wait for it (or restart the kernel)"
             )
         _stopped_runs.remove(entry)
-        _private["local_tensor_module"]._PROCESS_MODE = process_mode
+        _private["local_tensor_module"]._PROCESS_MODE = entry.process_mode
+        for owner, name, value in entry.put_back:
+            if value is _MISSING:
+                if name in vars(owner):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+def _patchable() -> list[Any]:
+    """The modules and classes whose attributes a run's modes patch while they are on
+    (LocalTensorMode's, the recorder's, per-rank values', shardviz's c10d and pipelining wraps)."""
+    import sys
+
+    from torch.distributed.tensor import _redistribute
+
+    owners: list[Any] = [torch, torch.random, dist, dist.distributed_c10d, dist.ProcessGroup, DeviceMesh]
+    owners += [DTensor, _redistribute, _private["LocalIntNode"], _private["ConstantIntNode"]]
+    stage = sys.modules.get("torch.distributed.pipelining.stage")
+    if stage is not None:
+        owners.append(stage._PipelineStageBase)
+    return owners
+
+
+def patchable_now() -> list[tuple[Any, dict[str, Any]]]:
+    """Those attributes as they are now (``ThreadedP2P.before``: taken before a run's modes)."""
+    return [(owner, dict(vars(owner))) for owner in _patchable()]
+
+
+def _changed(before: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, str, Any]]:
+    """Each attribute that differs now from ``before``, with its value there."""
+    out = []
+    for owner, then in before:
+        now = vars(owner)
+        for name in now.keys() | then.keys():
+            old, new = then.get(name, _MISSING), now.get(name, _MISSING)
+            if old is new or name.startswith("__") or isinstance(new, types.ModuleType):
+                continue  # a submodule imported meanwhile stays
+            if old is _MISSING and isinstance(owner, types.ModuleType):
+                continue  # so does a module attribute first set meanwhile
+            out.append((owner, name, old))
+    return out
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,6 +214,8 @@ class ThreadedP2P:
         self._done: set[int] = set()  # threads past their body: no stop may be raised in them
         self._runner: Any = None
         self._local = threading.local()
+        # the patchable globals before the caller's modes were entered (see _StoppedRun)
+        self.before: list[tuple[Any, dict[str, Any]]] | None = None
 
     @property
     def thread(self) -> int:
@@ -168,7 +231,8 @@ class ThreadedP2P:
         LocalTensorMode and under the P2P mode (a recorder goes there)."""
         from torch.distributed._local_tensor import LocalRunnerMode
 
-        _settle_stopped_runs(SETTLE_WAIT)
+        settle_stopped_runs()
+        before = self.before or patchable_now()
         saved = _patched_globals()
         dist.distributed_c10d._check_not_self_rank = lambda *a, **k: None  # the fake PG is rank 0
         cond_box: list[Any] = []
@@ -250,7 +314,10 @@ class ThreadedP2P:
                 ltm_mod._LOCAL_RUNNER_MODE = None
             alive = {t: th for t, th in enumerate(runner._runners) if th.is_alive()}
             if alive:
-                _stopped_runs.append((alive, {t: self.positions.get(t, "") for t in alive}, process_mode))
+                # what the modes patch, taken while some are still on
+                where = {t: self.positions.get(t, "") for t in alive}
+                put_back = _changed(before)
+                _stopped_runs.append(_StoppedRun(alive, where, process_mode, put_back))
             else:
                 ltm_mod._PROCESS_MODE = process_mode
             _restore_globals(saved)

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .gate import LocalTensor, _private
-from .modes import active_local_mode, no_dispatch
+from .modes import active_local_mode, is_batched, no_dispatch
 
 
 def forget_dtensor_caches() -> None:
@@ -50,9 +50,7 @@ def own_copies(dt: DTensor, ranks: Sequence[int]) -> bool:
     local = dt._local_tensor
     if type(local) is not torch.Tensor or local.is_meta:
         return False
-    with no_dispatch():
-        copies = {int(r): local.detach().clone() for r in ranks}
-    dt._local_tensor = LocalTensor(copies)
+    dt._local_tensor = replicated_local(local, ranks)
     return True
 
 
@@ -75,8 +73,7 @@ def parameters_per_rank(module: torch.nn.Module) -> list[str]:
                     continue
                 new = done.get(id(t))
                 if new is None:
-                    with no_dispatch():
-                        local = LocalTensor({r: t.detach().clone() for r in ranks})
+                    local = replicated_local(t, ranks)
                     new = (
                         torch.nn.Parameter(local, requires_grad=t.requires_grad)
                         if table is mod._parameters
@@ -148,7 +145,28 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
+    """A LocalTensor holding ``per_rank[r]`` on rank r: stacked under the batched engine where the
+    ranks' tensors allow (a copy of them), holding them as they are otherwise."""
+    if is_batched(active_local_mode()):
+        from .stacked import make_local
+
+        return make_local(per_rank)
     return LocalTensor(per_rank)
+
+
+def replicated_local(t: torch.Tensor, ranks: Sequence[int]) -> Any:
+    """A LocalTensor holding its own copy of plain ``t`` on each rank (one stacked copy per rank
+    under the batched engine)."""
+    ranks = [int(r) for r in ranks]
+    with no_dispatch():
+        if is_batched(active_local_mode()) and ranks == list(range(len(ranks))) and t.is_contiguous():
+            from .stacked import wrap
+
+            base = t.detach()
+            return wrap(
+                base.unsqueeze(0).expand(len(ranks), *base.shape).clone(memory_format=torch.contiguous_format)
+            )
+        return LocalTensor({r: t.detach().clone() for r in ranks})
 
 
 def one_draw_per_rank(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:

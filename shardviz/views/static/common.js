@@ -425,7 +425,8 @@ function drawTensorGrid(geo, box, opts) {
   svg("text", { x: padL, y: 11, class: "sv-axis-label" }, ax).textContent = cd === null ? "" : `dim ${cd} →`;
   if (rd !== null) {
     const t = svg("text", { x: 10, y: padT + h / 2, class: "sv-axis-label", transform: `rotate(-90 10 ${padT + h / 2})`, "text-anchor": "middle" }, ax);
-    t.textContent = `dim ${rd} →`;
+    // read bottom to top, so the arrow leads: rotated, "←" points down, the way row indices grow
+    t.textContent = `← dim ${rd}`;
   }
   const ticks = (cs, horizontal) => {
     let last = -1e9;
@@ -581,7 +582,7 @@ function drawMeshGrids(geo, box, opts) {
         "text",
         { x: 11, y: padT + (rowsN * cellPx) / 2, class: "sv-axis-label", "text-anchor": "middle", transform: `rotate(-90 11 ${padT + (rowsN * cellPx) / 2})` },
         s,
-      ).textContent = `${labels[ms.length - 2]} (${rowsN}) →`;
+      ).textContent = `← ${labels[ms.length - 2]} (${rowsN})`;
     } else {
       svg("text", { x: padL, y: 11, class: "sv-axis-label" }, s).textContent = `${labels[0]} (${ms[0]}) →`;
     }

@@ -126,6 +126,11 @@ function render({ model, el, experimental }) {
     box.checked = !!model.get("heatmap");
     box.disabled = !vi.available;
     lab.appendChild(document.createTextNode(" value heat-map"));
+    // a greyed-out box says why, on screen, not only in a tooltip
+    if (!vi.available) {
+      const why = vi.note || "no values";
+      html("span", { class: "sv-heat-why", "data-heat-why": "true", title: why }, lab, `(off: ${why})`);
+    }
     box.addEventListener("change", () => setTrait("heatmap", box.checked));
     if (shownInstances().length < geo.instances.length) {
       const gl = html("label", {}, controls, "group ");

@@ -11,7 +11,8 @@
 
 const BAR_PX = 520;
 
-const KIND_COLOR = { param: "#4c78a8", buffer: "#72b7b2", grad: "#f58518", optimizer: "#e45756" };
+// far (CIE76 >= 25) from every rank colour: a kind never reads as a rank (views/geometry.delta_e)
+const KIND_COLOR = { param: "#386cb0", buffer: "#666666", grad: "#ff7f00", optimizer: "#e41a1c" };
 
 function render({ model, el, experimental }) {
   const invoke = makeInvoke(model, experimental);
@@ -60,7 +61,8 @@ function render({ model, el, experimental }) {
     const most = Math.max(1, ...s.totals);
     const bw = Math.max(1, Math.min(24, Math.floor(BAR_PX / n)));
     const H = 70;
-    const W = bw * n + 4;
+    const caption = `ranks 0–${n - 1} · max ${bytesText(most)}`;
+    const W = Math.max(bw * n + 4, 4 + caption.length * 7); // the caption fits under the bars
     const box = svg("svg", { width: W, height: H + 14, class: "sv-bar-chart", role: "img", "aria-label": "bytes per rank" }, bars);
     const sel = model.get("rank");
     for (let r = 0; r < n; r++) {
@@ -76,7 +78,7 @@ function render({ model, el, experimental }) {
       t.textContent = `rank ${r}: ${bytesText(s.totals[r])}`;
       g.addEventListener("click", () => setTrait("rank", model.get("rank") === r ? -1 : r));
     }
-    svg("text", { x: 2, y: H + 12, class: "sv-axis-label" }, box).textContent = `ranks 0–${n - 1} · max ${bytesText(most)}`;
+    svg("text", { x: 2, y: H + 12, class: "sv-axis-label" }, box).textContent = caption;
     const key = html("div", { class: "sv-kinds" }, bars);
     for (const k of s.kinds) {
       const item = html("span", { class: "sv-kind-item" }, key);

@@ -9,7 +9,11 @@
 // DOM contract: the root has data-shardviz-view="numerics"; every tensor row carries
 // data-row="<index>", data-status="<status>" and data-module="<module>", the first difference
 // data-first="true"; the detail's events carry data-event-id; the inline layout has
-// data-shardviz-view="layout" and its shard regions data-rank="<rank>".
+// data-shardviz-view="layout" and its shard regions data-rank="<rank>". Every tree line carries
+// data-error-bin="<k>" (the colour class of ERR_BINS; the key's swatches data-legend-bin="<k>");
+// the agreement matrix is [data-agreement] with cells data-agree="<rank>,<rank>" and
+// data-fraction, its groups [data-agreement-group]="<ranks>"; the heat-map's colour bar is
+// [data-heat-legend]; the layout's group selector select[data-control=layout-group].
 
 const STATUS_TEXT = {
   ok: "ok",
@@ -19,8 +23,25 @@ const STATUS_TEXT = {
   unassembled: "not assembled",
   missing: "in one run only",
 };
-const HEAT_LO = -6; // log10 of the smallest error drawn (in units of the tolerance)
-const HEAT_HI = 2; // and of the largest
+// The tree's colour scale (numerics_mpl.BINS): neutral within tolerance, then how far beyond.
+const ERR_BINS = [
+  ["within tolerance", "#e6e6e6"],
+  ["1-10x tolerance", "#fdd0a2"],
+  ["10-1000x", "#fd8d3c"],
+  [">1000x, inf or NaN", "#d94801"],
+  ["replicas disagree", "#8073ac"],
+  ["shape differs", "#542788"],
+  ["not compared", "#ffffff"],
+];
+
+function errBin(units, status) {
+  if (status === "replicas") return 4;
+  if (status === "shape") return 5;
+  if (status === "unassembled" || status === "missing" || units === null || units === undefined) return 6;
+  if (units > 1e3) return 3;
+  if (units > 10) return 2;
+  return units > 1 ? 1 : 0;
+}
 
 function fmtErr(v) {
   if (v === null || v === undefined) return "–";
@@ -29,21 +50,32 @@ function fmtErr(v) {
   return Math.abs(v) >= 1e-3 && Math.abs(v) < 1e4 ? Number(v.toPrecision(2)).toString() : v.toExponential(1);
 }
 
-// Colour of an error in units of the tolerance: pale below it, orange to red past it.
 function errColor(units, status) {
-  if (status === "unassembled" || status === "missing") return "#eeeeee";
-  if (status === "replicas" || status === "shape") return "#f4a6a6";
-  if (units === null || units === undefined) return "transparent";
-  if (units > 1) return units >= 100 ? "#e06666" : "#f4b183";
-  const t = Math.max(0, Math.min(1, (Math.log10(Math.max(units, 1e-6)) + 6) / 6));
-  const [r, g, b] = lerpColor("#ffffff", "#fff2b3", t);
-  return `rgb(${r},${g},${b})`;
+  return ERR_BINS[errBin(units, status)][1];
 }
 
-function heatT(v) {
+// Position on the heat scale [lo, hi] (log10 of error / tolerance, the row's own range).
+function heatT(v, lo, hi) {
   if (Number.isNaN(v) || v >= 1e30) return 1;
-  const l = Math.log10(Math.max(v, 10 ** HEAT_LO));
-  return Math.max(0, Math.min(1, (l - HEAT_LO) / (HEAT_HI - HEAT_LO)));
+  const l = Math.log10(Math.max(v, 10 ** lo));
+  return Math.max(0, Math.min(1, (l - lo) / (hi - lo)));
+}
+
+// "0-3,6" for [0, 1, 2, 3, 6].
+function rankRanges(ranks) {
+  const out = [];
+  let a = null;
+  let b = null;
+  for (const r of [...ranks].sort((x, y) => x - y)) {
+    if (a !== null && r === b + 1) b = r;
+    else {
+      if (a !== null) out.push(a === b ? `${a}` : `${a}-${b}`);
+      a = r;
+      b = r;
+    }
+  }
+  if (a !== null) out.push(a === b ? `${a}` : `${a}-${b}`);
+  return out.join(",");
 }
 
 function render({ model, el, experimental }) {
@@ -73,12 +105,11 @@ function render({ model, el, experimental }) {
       html("span", { class: "sv-key-swatch", style: `background:${color}` }, item);
       item.appendChild(document.createTextNode(` ${text}`));
     };
-    swatch(errColor(1e-6, "ok"), "exact");
-    swatch(errColor(0.5, "ok"), "within tolerance");
-    swatch(errColor(2, "differs"), "beyond");
-    swatch(errColor(1000, "differs"), "far beyond");
-    swatch(errColor(null, "replicas"), "replicas disagree / shape");
-    swatch(errColor(null, "unassembled"), "not assembled");
+    html("span", { class: "sv-key-title" }, key, "largest error / tolerance:");
+    ERR_BINS.forEach(([text, color], k) => {
+      swatch(color, text);
+      key.lastChild.dataset.legendBin = String(k);
+    });
   }
 
   function drawTable() {
@@ -95,7 +126,8 @@ function render({ model, el, experimental }) {
       const i = L.row[k];
       const pad = `${8 + 14 * L.depth[k]}px`;
       if (i < 0) {
-        const tr = html("tr", { class: "sv-module-row", "data-status": L.status[k] }, body);
+        const bin = errBin(L.worst[k], L.status[k]);
+        const tr = html("tr", { class: "sv-module-row", "data-status": L.status[k], "data-error-bin": bin, style: `--sv-err:${ERR_BINS[bin][1]}` }, body);
         const td = html("td", { colspan: 6, style: `padding-left:${pad}` }, tr, L.name[k]);
         td.title = L.name[k];
         html("td", { class: "sv-num", style: `background:${errColor(L.worst[k], L.status[k])}` }, tr, fmtErr(L.worst[k]));
@@ -107,6 +139,8 @@ function render({ model, el, experimental }) {
         "data-row": i,
         "data-status": R.status[i],
         "data-module": R.module[i],
+        "data-error-bin": errBin(R.worst[i], R.status[i]),
+        style: `--sv-err:${errColor(R.worst[i], R.status[i])}`,
         tabindex: 0,
       };
       if (i === s.first) attrs["data-first"] = "true";
@@ -157,7 +191,8 @@ function render({ model, el, experimental }) {
     const box = html("div", { class: "sv-row-detail", "data-detail-row": i }, detailBox);
     const pre = html("pre", { class: "sv-lines" }, box);
     pre.textContent = reply.lines.join("\n");
-    if (reply.geometry) drawLayout(box, reply, buffers);
+    if (reply.agreement) drawAgreement(box, reply.agreement);
+    if (reply.geometry) drawLayout(html("div", { class: "sv-layout-slot" }, box), reply, buffers, 0);
     else html("div", { class: "sv-note" }, box, "no layout: this tensor was not assembled from shards");
     const ev = html("div", { class: "sv-events" }, box);
     html(
@@ -168,13 +203,54 @@ function render({ model, el, experimental }) {
     );
     if (!reply.events.length) html("div", { class: "sv-note" }, ev, "none recorded");
     const ul = html("ul", {}, ev);
-    for (const e of reply.events) html("li", { "data-event-id": e.id, class: `sv-event sv-event-${e.kind}` }, ul, `#${e.id} ${e.text}`);
+    for (const e of reply.events)
+      html("li", { "data-event-id": e.id, class: `sv-event sv-event-${e.kind}`, title: `#${e.id} ${e.text}` }, ul, `#${e.id} ${e.text}`);
   }
 
-  function drawLayout(box, reply, buffers) {
+  // Which ranks agree with which: one cell per pair of copies, shaded by the fraction of elements
+  // they share, each group of agreeing ranks outlined and named.
+  function drawAgreement(box, a) {
+    const wrap = html("div", { class: "sv-agreement", "data-agreement": "true" }, box);
+    html("div", { class: "sv-panel-title" }, wrap, `which ranks agree (${a.scope})`);
+    const n = a.ranks.length;
+    const cell = Math.max(6, Math.min(22, Math.floor(220 / Math.max(n, 1))));
+    const groupOf = new Map();
+    a.groups.forEach((g, k) => {
+      for (const r of g) groupOf.set(r, k);
+    });
+    const grid = html("div", { class: "sv-agree-grid", style: `grid-template-columns:auto repeat(${n}, ${cell}px)` }, wrap);
+    html("span", {}, grid, "");
+    for (const r of a.ranks) html("span", { class: "sv-agree-tick" }, grid, n <= 16 ? String(r) : "");
+    a.ranks.forEach((r, i) => {
+      html("span", { class: "sv-agree-tick" }, grid, n <= 16 ? String(r) : "");
+      a.ranks.forEach((c, j) => {
+        const f = a.matrix[i][j];
+        const [cr, cg, cb] = lerpColor("#f7fcf5", "#00441b", f);
+        const same = groupOf.get(r) === groupOf.get(c);
+        html(
+          "span",
+          {
+            class: `sv-agree-cell${same ? " sv-agree-same" : ""}`,
+            "data-agree": `${r},${c}`,
+            "data-fraction": String(f),
+            style: `width:${cell}px;height:${cell}px;background:rgb(${cr},${cg},${cb})`,
+            title: `ranks ${r} and ${c}: ${Math.round(f * 100)}% of elements agree`,
+          },
+          grid,
+        );
+      });
+    });
+    const key = html("div", { class: "sv-agree-groups" }, wrap);
+    a.groups.forEach((g, k) => {
+      html("span", { class: "sv-agree-group", "data-agreement-group": g.join(",") }, key, `${k === 0 ? "agree" : "differ"}: ranks ${rankRanges(g)}`);
+    });
+    html("div", { class: "sv-note" }, wrap, "dark: the two ranks' copies agree on every element; pale: on none");
+  }
+
+  function drawLayout(box, reply, buffers, group) {
     const geo = prepare(reply.geometry);
-    const inst = geo.instances[0];
-    const lay = html("div", { class: "sv-layout sv-inline-layout", "data-shardviz-view": "layout" }, box);
+    const inst = geo.instances[group];
+    const lay = html("div", { class: "sv-layout sv-inline-layout", "data-shardviz-view": "layout", "data-layout-group": group }, box);
     const controls = html("div", { class: "sv-controls" }, lay);
     const main = html("div", { class: "sv-main" }, lay);
     const tensorBox = html("div", { class: "sv-tensor" }, main);
@@ -185,13 +261,26 @@ function render({ model, el, experimental }) {
     const cd = nd >= 1 ? nd - 1 : null;
     const idx = (reply.index || new Array(nd).fill(0)).slice();
     const vals = reply.heat && buffers.length ? decodeValues(reply.heat, buffers[0]) : null;
-    const title = `${reply.inferred ? "layout inferred from shapes" : "layout"}${geo.instances.length > 1 ? ` (group 0 of ${geo.instances.length})` : ""}`;
-    html(
+    const title = reply.inferred ? "layout inferred from shapes" : "layout";
+    const panelTitle = html(
       "div",
       { class: "sv-panel-title" },
       tensorBox,
       `${title} · ${fmtShape(geo.global_shape)}${nd > 2 ? ` at [${idx.slice(0, nd - 2).join(", ")}, :, :]` : ""}`,
     );
+    if (geo.instances.length > 1) {
+      // Each group of the mesh holds its own copy: choose which one the layout draws.
+      const lab = html("label", { class: "sv-group-pick" }, panelTitle, " · group ");
+      const pick = html("select", { "data-control": "layout-group" }, lab);
+      geo.instances.forEach((_, k) => {
+        const o = html("option", { value: String(k) }, pick, `${k} of ${geo.instances.length}`);
+        if (k === group) o.selected = true;
+      });
+      pick.addEventListener("change", () => {
+        box.replaceChildren();
+        drawLayout(box, reply, buffers, Number(pick.value));
+      });
+    }
     if (geo.global_shape.includes(0)) {
       html("div", { class: "sv-empty-tensor" }, tensorBox, `empty tensor ${fmtShape(geo.global_shape)}`);
       drawMeshGrids(inst, meshBox, { uid, fillFor, px: 220 });
@@ -199,7 +288,8 @@ function render({ model, el, experimental }) {
     }
     const st = drawTensorGrid(inst, tensorBox, { rd, cd, idx, uid, fillFor, px: 300 });
     drawMeshGrids(inst, meshBox, { uid, fillFor, px: 220 });
-    const legend = html("div", { class: "sv-heat-legend" }, lay);
+    if (geo.partial) html("div", { class: "sv-note" }, lay, "hatched: a Partial value, each rank holds a summand of every element");
+    const legend = html("div", { class: "sv-heat-legend", "data-heat-legend": "true" }, lay);
     if (!vals) {
       legend.textContent = "no per-element error for this row";
       return;
@@ -207,17 +297,25 @@ function render({ model, el, experimental }) {
     const lab = html("label", { class: "sv-toggle" }, controls);
     const toggle = html("input", { type: "checkbox", "data-control": "error-heatmap" }, lab);
     toggle.checked = true;
-    lab.appendChild(document.createTextNode(" error heat-map (off: the ranks that hold each element)"));
-    toggle.addEventListener("change", () => lay.classList.toggle("sv-heat-on", toggle.checked));
-    drawHeat(st, vals, idx);
+    lab.appendChild(
+      document.createTextNode(" error heat-map (off: the ranks that hold each element; diagonal stripes: held by several ranks, one stripe colour per rank)"),
+    );
+    toggle.addEventListener("change", () => {
+      lay.classList.toggle("sv-heat-on", toggle.checked);
+      legend.hidden = !toggle.checked;
+    });
+    const [lo, hi] = reply.heat_range || [-6, 2];
+    drawHeat(st, vals, idx, lo, hi);
     lay.classList.add("sv-heat-on");
-    html("span", {}, legend, `error / tolerance, log scale: 1e${HEAT_LO} `);
+    html("span", {}, legend, `where it differs: error / tolerance per element, log scale 1e${lo} `);
     html("span", { class: "sv-colorbar", style: `background:linear-gradient(to right, ${VIRIDIS.join(",")})` }, legend);
-    html("span", {}, legend, ` 1e${HEAT_HI}+ (tolerance at ${Math.round(((0 - HEAT_LO) / (HEAT_HI - HEAT_LO)) * 100)}%)`);
+    const tolAt = lo >= 0 ? "every element beyond the tolerance" : `the tolerance at ${Math.round(((0 - lo) / (hi - lo)) * 100)}%`;
+    html("span", {}, legend, ` 1e${hi}+ (${tolAt}; scaled to this row's errors)`);
+    if (reply.nonfinite) html("span", { class: "sv-note" }, legend, ` · ${reply.nonfinite} inf/NaN drawn at the top`);
     if (vals.step.some((x) => x > 1)) html("span", { class: "sv-note" }, legend, ` · sampled every ${vals.step.join("×")} elements`);
   }
 
-  function drawHeat(st, vals, idx) {
+  function drawHeat(st, vals, idx, lo, hi) {
     const { rd, cd } = st;
     const step = vals.step;
     const rows = rd === null ? 1 : vals.shape[rd];
@@ -233,7 +331,7 @@ function render({ model, el, experimental }) {
     const img = ctx.createImageData(cols, rows);
     for (let i = 0; i < rows; i++)
       for (let j = 0; j < cols; j++) {
-        const rgb = heatRGB(heatT(vals.heat(base + i * rs + j * cs)));
+        const rgb = heatRGB(heatT(vals.heat(base + i * rs + j * cs), lo, hi));
         const o = 4 * (i * cols + j);
         img.data[o] = rgb[0];
         img.data[o + 1] = rgb[1];

@@ -103,6 +103,9 @@ function drawRingState(p, box, d, ring) {
     defs,
   );
   svg("path", { d: "M0,0 L10,5 L0,10 z", fill: "#333" }, mk);
+  const hatch = svg("pattern", { id: `${p.uid}-ring-hatch`, width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" }, defs);
+  svg("rect", { width: 6, height: 6, class: "sv-ring-hatch-bg" }, hatch);
+  svg("line", { x1: 0, y1: 0, x2: 0, y2: 6, class: "sv-ring-hatch-line" }, hatch);
   for (let c = 0; c < n; c++) svg("text", { x: padL + c * cw + cw / 2, y: 12, "text-anchor": "middle", class: "sv-side" }, s).textContent = `chunk ${c}`;
   const received = new Set();
   const sends = p.ringState > 0 ? meta.sends[p.ringState - 1] : [];
@@ -118,11 +121,15 @@ function drawRingState(p, box, d, ring) {
       const who = maskRanks(mask, ranks);
       const x = padL + c * cw;
       const full = who.length === n;
-      const fill = mask === 0 ? "#ffffff" : full ? "#cfe8cf" : who.length === 1 ? styleOf(p, who[0]).fill : "#f3e6b3";
+      // a chunk's state in neutral greys, never a rank's hue: one rank's data keeps that rank's
+      // colour; a partial sum is light grey, hatched; a finished chunk dark grey
+      const state = mask === 0 ? "empty" : full && n > 1 ? "done" : who.length === 1 ? "own" : "partial";
+      const fill = state === "own" ? styleOf(p, who[0]).fill : state === "partial" ? `url(#${p.uid}-ring-hatch)` : null;
       const g = svg(
         "g",
         {
-          class: `sv-ring-cell${received.has(`${i}/${c}`) ? " sv-received" : ""}`,
+          class: `sv-ring-cell sv-ring-${state}${received.has(`${i}/${c}`) ? " sv-received" : ""}`,
+          "data-ring-state": state,
           "data-ring-rank": ranks[i],
           "data-ring-chunk": c,
           "data-contributors": who.join(" "),
@@ -137,18 +144,19 @@ function drawRingState(p, box, d, ring) {
           width: cw - 4,
           height: ch - 4,
           rx: 3,
-          fill,
-          "fill-opacity": who.length === 1 ? 0.45 : 1,
+          ...(fill ? { fill } : {}),
           class: mask === 0 ? "sv-ring-empty" : "sv-ring-rect",
         },
         g,
       );
       const label = mask === 0 ? "—" : full ? `all ${n}` : who.map((r) => `r${r}`).join("+");
-      svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g).textContent =
-        label.length > 16 ? `${who.length} ranks` : label;
+      const whoText = svg("text", { x: x + cw / 2, y: y + 15, "text-anchor": "middle", class: "sv-ring-who" }, g);
+      whoText.textContent = label.length > 16 ? `${who.length} ranks` : label;
       const v = val(p.ringState, i, c);
-      if (v !== null)
-        svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g).textContent = list(v, meta.chunk_sizes[i][c], 15);
+      const valText = v === null ? null : svg("text", { x: x + cw / 2, y: y + 28, "text-anchor": "middle", class: "sv-ring-val" }, g);
+      if (valText) valText.textContent = list(v, meta.chunk_sizes[i][c], 15);
+      // one rank's chunk in that rank's full colour, its text in the ink that reads on it
+      if (state === "own") for (const t of [whoText, valText]) if (t) t.style.fill = styleOf(p, who[0]).text;
     }
   }
   // this step's sends: chunk c from row i to row i+1 (the last row wraps to the first)
@@ -170,6 +178,22 @@ function drawRingState(p, box, d, ring) {
       s,
     );
   }
+  drawRingLegend(box, meta.op, n);
+}
+
+// What the chunk fills mean: the states are greys and hatching, far from every rank's colour.
+function drawRingLegend(box, op, n) {
+  const lg = html("div", { class: "sv-ring-legend", "data-ring-legend": "true" }, box);
+  const item = (state, text) => {
+    const it = html("span", { class: "sv-ring-key" }, lg);
+    html("span", { class: `sv-ring-swatch sv-ring-swatch-${state}`, "data-ring-swatch": state }, it);
+    it.appendChild(document.createTextNode(text));
+  };
+  item("own", "one rank's data (that rank's colour)");
+  if (op !== "all_gather") item("partial", "partial sum of some ranks");
+  item("done", `finished: all ${n} ranks`);
+  item("empty", "not there yet");
+  item("received", "received this step");
 }
 
 function drawRingFinal(box, meta, val, list) {

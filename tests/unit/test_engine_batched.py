@@ -1,0 +1,322 @@
+"""The batched engine (``sv.use("local", engine="batched")``) against the lockstep one: the same
+programs on both give the same trace (events, groups, recorded values) and the same per-rank
+results, bit for bit. Lockstep is torch's own LocalTensorMode, each op once per rank: the
+independent expectation here."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+import shardviz as sv
+from shardviz.backends import choose, session
+from shardviz.capture import torch as _torch
+from shardviz.errors import SimulationWarning
+from shardviz.examples.llama import ModelArgs, Transformer, parallelize
+
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# below 2.13 the engine is refused (the last test)
+needs_batched = pytest.mark.skipif(TORCH < (2, 13), reason="the batched engine needs torch >= 2.13")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backend():
+    yield
+    cur = session.peek()
+    if cur is not None:
+        cur.close()
+    session.install(None)
+
+
+def _per_rank(x: Any) -> Any:
+    """Plain per-rank copies of what a program returned (DTensors by their local tensors)."""
+    if isinstance(x, DTensor):
+        x = _torch.local_of(x)
+    if isinstance(x, (list, tuple)):
+        return [_per_rank(y) for y in x]
+    lt = _torch.local_tensors(x)
+    if lt is not None:
+        return {r: v.detach().clone() for r, v in sorted(lt.items())}
+    return x
+
+
+def _same_bits(a: Any, b: Any, where: str = "result") -> None:
+    if isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same_bits(x, y, f"{where}[{i}]")
+        return
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), where
+        for r in a:
+            x, y = a[r], b[r]
+            assert (x.shape, x.dtype) == (y.shape, y.dtype), f"{where} rank {r}"
+            assert torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)) or (
+                torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
+            ), f"{where} rank {r}: {x} against {y}"
+        return
+    assert a == b, where
+
+
+def _run(engine: str, world: int, program: Callable[[], Any]) -> tuple[Any, Any, Any]:
+    cur = session.peek()
+    if cur is not None:
+        cur.close()
+    session.install(None)
+    sv.use("local", world_size=world, engine=engine)
+    backend = choose.current()
+    torch.manual_seed(0)
+    with sv.record() as trace:
+        out = _per_rank(program())
+    return trace, out, backend._mode
+
+
+def _both(world: int, program: Callable[[], Any]) -> Any:
+    t_lock, out_lock, _ = _run("lockstep", world, program)
+    t_bat, out_bat, mode = _run("batched", world, program)
+    assert type(mode).__name__ == "BatchedLocalTensorMode"
+    _same_bits(out_bat, out_lock)
+    assert t_bat == t_lock  # events, groups, placements and the recorded values
+    assert len(t_bat.events) == len(t_lock.events) > 0
+    return mode
+
+
+def _dtensor_program() -> Any:
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    x = distribute_tensor(torch.randn(8, 6), mesh, [Shard(0), Shard(1)])
+    w = distribute_tensor(torch.randn(6, 4, dtype=torch.float32), mesh, [Replicate(), Shard(0)])
+    y = (x.relu() * 2 + 1) @ w  # a partial sum over tp, reduced on redistribute
+    z = y.redistribute(mesh, [Shard(0), Replicate()])
+    full = z.full_tensor()
+    return [x, y, z, full, full.sum(), x.to(torch.bfloat16).exp()]
+
+
+@needs_batched
+def test_dtensor_program_gives_the_same_trace_and_bits():
+    mode = _both(4, _dtensor_program)
+    assert mode.batched_ops > 0  # the engine did run ops once for all ranks
+
+
+@needs_batched
+def test_rank_dependent_values_and_plain_collectives():
+    def program() -> Any:
+        rank = dist.get_rank()
+        t = torch.arange(6, dtype=torch.float32).reshape(2, 3) * (rank + 1)
+        r = torch.ones(()) * rank
+        t[0, 0] = torch.where(r == 1, float("nan"), float("inf"))
+        dist.all_reduce(t)
+        g = torch.empty(4 * 2, 3)
+        dist.all_gather_into_tensor(g, t)
+        return [t, g, r + 0.5]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_uneven_shards_fall_back_per_op():
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(torch.randn(5, 3), mesh, [Shard(0)])  # 2, 1, 1, 1 rows; empty: none
+        e = distribute_tensor(torch.randn(2, 3), mesh, [Shard(0)])  # two ranks hold no rows
+        s = (x * 3).sum(0)
+        return [x, e * 2, s, x.redistribute(mesh, [Replicate()]), e.full_tensor()]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_random_ops_draw_from_each_ranks_generator():
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (4,))
+        a = torch.randn(3, 2)
+        b = torch.nn.functional.dropout(torch.ones(4, 4), p=0.5)
+        c = distribute_tensor(torch.ones(8, 2), mesh, [Shard(0)])
+        d = torch.nn.functional.dropout(c, p=0.25)
+        return [a, b, d, torch.rand(2)]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_small_llama_tp_step():
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        args = ModelArgs(dim=32, n_layers=1, n_heads=2, vocab_size=64, hidden_dim=64)
+        model = parallelize(Transformer(args), mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tokens = torch.randint(0, args.vocab_size, (2, 8))
+        loss = model(tokens).float().mean()
+        loss.backward()
+        opt.step()
+        return [loss, *[p for _, p in sorted(model.named_parameters())]]
+
+    _both(2, program)
+
+
+@needs_batched
+def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits():
+    # A rank's [3, 10] float32 slice of a stack starts 120 bytes after the previous one: the
+    # matrix kernels took another code path there and rounded the last bit otherwise (FSDP's
+    # linear layers on 4 ranks: weights 1 ulp off lockstep's, then plain torch's).
+    def program() -> Any:
+        rank = dist.get_rank()
+        x = torch.randn(3, 10) * (rank + 1)
+        w = torch.randn(4, 10)
+        b = torch.randn(4)
+        y = torch.nn.functional.linear(x, w, b)
+        out = [y, torch.addmm(b, x, w.t()), x @ w.t(), torch.bmm(x[None], w.t()[None]), y.t() @ x]
+        dist.all_reduce(out[-1])
+        return out
+
+    _both(4, program)
+
+
+@needs_batched
+def test_as_strided_with_an_offset_reads_each_ranks_own_memory():
+    # FSDP2 cuts each rank's gradient shard out of the reduce-scatter's output with as_strided
+    # and a storage offset: on slices of one stack, every rank read rank 0's shard.
+    def program() -> Any:
+        rank = dist.get_rank()
+        t = (torch.arange(12.0) * (rank + 1)).reshape(3, 4) + 0
+        dist.all_reduce(t.clone())
+        return [torch.as_strided(t, (2, 2), (4, 1), 5), t.as_strided((3,), (2,), 1).clone() * 2]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_as_strided_is_a_view_that_sees_later_writes():
+    # FSDP2's unsharded parameter is an as_strided view of its all-gather buffer, which each step
+    # gathers into anew: the batched engine made it a stacked copy, stale from the second step.
+    def program() -> Any:
+        rank = dist.get_rank()
+        buf = torch.zeros(2 * 8)
+        dist.all_gather_into_tensor(buf, torch.ones(8) * (rank + 1))
+        param = torch.as_strided(buf, (4, 4), (4, 1), 0)
+        dist.all_gather_into_tensor(buf, torch.arange(8.0) * (rank + 1))
+        buf.add_(rank)
+        return [param.clone(), buf]
+
+    _both(2, program)
+
+
+@needs_batched
+def test_memory_a_program_dropped_is_free_as_on_lockstep():
+    # The per-rank kernels' slices of their input stacks were held in a reference cycle, so a
+    # stack the program dropped stayed counted until the garbage collector ran (test_memory's
+    # FSDP2 step ended with 2820 bytes a rank where lockstep counts 2048). The collector is off,
+    # as between its runs.
+    def counted(engine: str) -> tuple[list[int], list[int]]:
+        sv.use("local", world_size=2, engine=engine)
+        torch.manual_seed(0)
+        gc.disable()
+        try:
+            with sv.record(memory=True) as trace:
+                x = torch.randn(4, 16)
+                w = torch.randn(16, 8)
+                y = x @ w
+                del x
+                z = (y @ w.t()).sum()
+                del y
+        finally:
+            gc.enable()
+        assert z is not None
+        return trace.memory.end.tolist(), trace.memory.peak.tolist()
+
+    assert counted("batched") == counted("lockstep")
+
+
+@needs_batched
+def test_a_shard_cut_from_a_stack_has_each_ranks_own_storage_offset():
+    # A shard held as slices of one stack reported each slice's offset in the stack (0, 2, 4, 6):
+    # a per-rank offset in the DTensor, whose data_ptr() then failed ("symbolic sizes"), and
+    # copy.deepcopy with it. Lockstep: offset 0 on every rank.
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (4,))
+        dt = distribute_tensor(torch.arange(8.0), mesh, [Shard(0)])
+        assert dt.storage_offset() == 0 and dt.to_local().storage_offset() == 0
+        c = copy.deepcopy(dt)
+        return [c, c.redistribute(mesh, [Replicate()])]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_a_factory_on_a_local_shard_records_no_op_the_ranks_do_not_run():
+    # The differential test's Partial inputs: torch.full_like on a shard taken with to_local(),
+    # the recorder reading each rank's values. The stacked tensor's per-rank views referred back
+    # to it, a cycle that kept it alive: torch then handed the user a detached alias of the
+    # result, and the recorder showed an aten.detach no rank runs (lockstep records none).
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+        local = distribute_tensor(torch.arange(4.0), mesh, [Replicate(), Replicate()]).to_local()
+        for m in range(2):
+            first = (torch.ones(()) * mesh.get_local_rank(m) == 0).float()
+            share = torch.full_like(local, 0.5)
+            local = first * (local - share) + (1 - first) * share
+        return [local, torch.zeros_like(local), torch.full_like(local, 2.0)]
+
+    _both(4, program)
+
+
+@needs_batched
+def test_a_large_buffer_written_unseen_after_a_collective_keeps_the_collectives_values():
+    # Lockstep aliases a large buffer and drops its values when a write bypasses dispatch; a rank's
+    # buffer here is a slice of one stack, copied at once: the values the collective left, by hand.
+    sv.use("local", world_size=4, engine="batched")
+    n = 20_000
+    with warnings.catch_warnings(record=True) as caught, sv.record() as trace:
+        warnings.simplefilter("always")
+        t = sv.per_rank(lambda r: torch.full((n,), float(r)))
+        dist.all_reduce(t)
+        assert _torch.local_tensors(t)[1].untyped_storage().nbytes() == 4 * n * 4  # one stack
+        with _torch.no_dispatch():
+            for x in _torch.local_tensors(t).values():
+                x.fill_(-1.0)
+    (c,) = trace.collectives()
+    for r in range(4):
+        assert c.inputs[r].values is not None and bool((c.inputs[r].values == r).all())
+        assert c.outputs[r].values is not None and bool((c.outputs[r].values == 6.0).all())
+    assert not [w for w in caught if issubclass(w.category, SimulationWarning)]
+
+
+@needs_batched
+def test_engine_switch_and_default():
+    sv.use("local", world_size=2, engine="batched")
+    b = choose.current()
+    assert b.engine == "batched" and "engine='batched'" in repr(b)
+    again = b.restart()
+    session.install(again)
+    assert again.engine == "batched"
+    sv.use("local", world_size=2, engine="lockstep")
+    assert choose.current().engine == "lockstep"
+
+
+@needs_batched
+def test_an_engine_named_in_sv_use_wins_over_the_environment(monkeypatch):
+    monkeypatch.setenv("SHARDVIZ_ENGINE", "batched")
+    try:
+        sv.use("local", world_size=2, engine="lockstep")
+        assert choose.current().engine == "lockstep"
+        assert choose.current().key() == ("local", 2)  # the key the lockstep backend always had
+        sv.use("local", world_size=2)  # the environment's engine: another backend
+        assert choose.current().engine == "batched"
+        assert choose.current().key() == ("local", 2, ("engine", "batched"))
+    finally:
+        monkeypatch.delenv("SHARDVIZ_ENGINE")
+        sv.use("local")
+
+
+@pytest.mark.skipif(TORCH >= (2, 13), reason="the refusal is for torch below 2.13")
+def test_below_torch_2_13_the_batched_engine_is_refused_with_the_way_out():
+    with pytest.raises(ValueError, match=r"needs torch >= 2\.13 .*engine='lockstep'"):
+        sv.use("local", world_size=2, engine="batched")
