@@ -37,7 +37,7 @@ NODE_STAMP := node_modules/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup demo frameworks test test-unit test-compat test-old gpu-wheels lint bench notebooks docs docs-serve clean
+.PHONY: setup demo frameworks test test-unit test-compat test-old compat-venv old-venv gpu-wheels lint bench notebooks docs docs-serve clean
 
 setup: $(VENV)/.installed
 
@@ -100,6 +100,10 @@ test-unit: setup
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
 	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan tests/physicsnemo notebooks $(PYTEST_ARGS)
+
+# The venvs alone (CI installs them while `make test` runs).
+compat-venv: $(COMPAT_STAMP)
+old-venv: $(OLD_STAMP)
 
 $(COMPAT_STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(COMPAT_VENV) || { echo >&2 "error: '$(PYTHON) -m venv' failed. On Debian/Ubuntu: apt-get install python3-venv"; exit 1; }

@@ -686,6 +686,10 @@ def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tupl
     from shardviz.backends.local import LocalBackend
     from shardviz.backends.threads import ThreadsBackend
 
+    old = session.peek()  # an earlier section's backend holds a process group of its world size
+    if old is not None:
+        old.close()
+        session.install(None)
     sims: dict[str, Any] = {"lockstep": LocalBackend(world), "threads": ThreadsBackend(world)}
     shells = {k: types.SimpleNamespace(user_ns={}) for k in sims}
     got = {}
