@@ -90,7 +90,7 @@ demo: $(DEMO_STAMP)
 test: lint
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
-# The unit tests alone (~1 minute): no browser, no cluster, no notebooks, nothing marked slow
+# The unit tests alone (~8 minutes on 2 cores): no browser, no cluster, no notebooks, nothing marked slow
 # (building the wheel); `make test` runs those too.
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit -q -m "not slow" $(PYTEST_ARGS)
