@@ -39,7 +39,7 @@ from torch._C._functorch import (
     maybe_get_level,
 )
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import get_alias_info
+from torch.utils._python_dispatch import get_alias_info, return_and_correct_aliasing
 
 from . import rank_collectives, stacked
 from .gate import LocalIntNode, LocalTensor, LocalTensorMode, _private
@@ -1064,7 +1064,15 @@ def _for_each_rank_adopting(func: Any, ranks: Any, args: Any, kwargs: Any, *, al
     or selecting each rank's shard), under a batched mode: DTensor's own shape-only helpers run
     once on the stacks where no argument is per rank, a rank's chunk is picked for all ranks at
     once, and otherwise the per-rank results come back stacked where they are fresh (a result
-    that shares memory with a LocalTensor argument, a view of it, stays per rank)."""
+    that shares memory with a LocalTensor argument, a view of it, stays per rank).
+
+    An operator with torch's aliasing fix-up (``alias``, LocalTensorMode's own path: operators it
+    runs per rank for this engine, and every operator on torch.compile's fake copies) keeps a
+    stacked input's class on its views, as that fix-up requires."""
+    if alias and isinstance(func, torch._ops.OpOverload) and not _lt_module._is_inplace_op(func):
+        if any(type(a) is StackedLocalTensor for a in flat_args(args, kwargs)):
+            out = _for_each_rank_run_func(func, ranks, args, kwargs, alias=False)
+            return return_and_correct_aliasing(func, args, kwargs, _adopt(out, view=True))
     if (
         alias
         or isinstance(func, torch._ops.OpOverload)
