@@ -1113,10 +1113,14 @@ def _for_each_rank_adopting(func: Any, ranks: Any, args: Any, kwargs: Any, *, al
     An operator with torch's aliasing fix-up (``alias``, LocalTensorMode's own path: operators it
     runs per rank for this engine, and every operator on torch.compile's fake copies) keeps a
     stacked input's class on its views, as that fix-up requires."""
-    if alias and isinstance(func, torch._ops.OpOverload) and not _lt_module._is_inplace_op(func):
-        if any(type(a) is StackedLocalTensor for a in flat_args(args, kwargs)):
-            out = _for_each_rank_run_func(func, ranks, args, kwargs, alias=False)
-            return return_and_correct_aliasing(func, args, kwargs, _adopt(out, view=True))
+    if (
+        alias
+        and isinstance(func, torch._ops.OpOverload)
+        and not _lt_module._is_inplace_op(func)
+        and any(type(a) is StackedLocalTensor for a in flat_args(args, kwargs))
+    ):
+        out = _for_each_rank_run_func(func, ranks, args, kwargs, alias=False)
+        return return_and_correct_aliasing(func, args, kwargs, _adopt(out, view=True))
     if (
         alias
         or isinstance(func, torch._ops.OpOverload)

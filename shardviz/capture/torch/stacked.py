@@ -127,7 +127,7 @@ class StackedLocalTensor(LocalTensor):
         """A gradient reaching a compiled backward in another form than its trace saw: the same
         values in that form (a LocalTensor, stacked, or held per rank)."""
         if expected_type is LocalTensor:
-            return LocalTensor(dict(self._local_tensors))
+            return _lt_module.LocalTensor(dict(self._local_tensors))
         if expected_type not in (None, StackedLocalTensor):
             return None
         if expected_metadata == (PER_RANK,):
