@@ -686,6 +686,10 @@ def _threads_vs_lockstep(world: int, setup: str, step: str, rounds: int) -> tupl
     from shardviz.backends.local import LocalBackend
     from shardviz.backends.threads import ThreadsBackend
 
+    old = session.peek()  # an earlier section's backend holds a process group of its world size
+    if old is not None:
+        old.close()
+        session.install(None)
     sims: dict[str, Any] = {"lockstep": LocalBackend(world), "threads": ThreadsBackend(world)}
     shells = {k: types.SimpleNamespace(user_ns={}) for k in sims}
     got = {}
@@ -727,6 +731,65 @@ def bench_threads() -> list[Row]:
         rows.append((f"TP MLP forward ({world} ranks), recorded %%spmd cell, one thread per rank", t, b, r))
     return [
         (k, f"{t * 1e3:.0f} ms", f"{b * 1e3:.0f} ms (lockstep simulator)", f"{r:.2f}x") for k, t, b, r in rows
+    ]
+
+
+_FIRST_PICTURE = """
+import torch
+import shardviz as sv
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+sv.use("local", world_size=4)
+with sv.record():
+    mesh = init_device_mesh("cpu", (4,))
+    dt = distribute_tensor(torch.arange(30.0).reshape(10, 3), mesh, [Shard(0)])
+sv.plot(dt).savefig(PATH)
+"""
+
+
+def bench_startup() -> list[Row]:
+    """Time to first picture: fresh interpreters, taking turns (shuffled, seeded), against
+    ``import torch`` in the same rounds: ``import shardviz``, and the README's first picture (a
+    4-rank DTensor drawn to PNG). The clock covers the whole process, start-up included."""
+    import subprocess
+    import tempfile
+
+    progress("time to first picture: fresh processes")
+    with tempfile.TemporaryDirectory() as tmp:
+        codes = {
+            "torch": "import torch",
+            "shardviz": "import shardviz",
+            "picture": _FIRST_PICTURE.replace("PATH", repr(str(Path(tmp) / "dt.png"))),
+        }
+        times: dict[str, list[float]] = {k: [] for k in codes}
+
+        def once(code: str) -> float:
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            return time.perf_counter() - t
+
+        for code in codes.values():
+            once(code)  # warm the file cache
+        order = list(codes.items())
+        for i in range(9):
+            random.Random(i).shuffle(order)
+            for k, code in order:
+                times[k].append(once(code))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base = f"{med['torch'] * 1e3:.0f} ms (import torch)"
+    return [
+        (
+            "import shardviz, fresh process (target <= 1.15x)",
+            f"{med['shardviz'] * 1e3:.0f} ms",
+            base,
+            f"{paired(times['shardviz'], times['torch']):.2f}x",
+        ),
+        (
+            "a 4-rank DTensor drawn to PNG (sv.plot), fresh process (target <= 2x)",
+            f"{med['picture'] * 1e3:.0f} ms",
+            base,
+            f"{paired(times['picture'], times['torch']):.2f}x",
+        ),
     ]
 
 
@@ -923,6 +986,7 @@ SECTIONS: dict[str, Callable[[], list[Row]]] = {
     "memory": bench_memory,
     "views": bench_views,
     "numerics": bench_numerics,
+    "startup": bench_startup,
     "engine": bench_engine,
 }
 

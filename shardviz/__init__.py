@@ -5,40 +5,110 @@ The public API lives here; everything else is an implementation detail.
 
 from __future__ import annotations
 
+import sys as _sys
+import types as _types
+from importlib import import_module as _import_module
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any
 
 from ._version import __version__
 from .backends import session as _session
-from .backends.choose import device_type, restart
-from .backends.choose import show as _backend_show
-from .backends.choose import use as _use
-from .capture import adapters
-from .capture import torch as _torch
-from .capture.model_map import model_map as _model_map
-from .capture.recorder.snapshot import from_values as _from_values
-from .compare import compare
-from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot
-from .data.limits import resolve as _resolve
-from .data.load import load_path as _load_path
-from .data.memory import MemoryTimeline
-from .data.model import ModelMap
-from .data.numerics import NumericsReport, StepNumerics, Tolerance
-from .data.numerics.report_file import is_report as _is_report
-from .data.numerics.report_file import load_report as _load_report
-from .data.pipeline import Timeline
-from .data.pipeline import timeline as pipeline_timeline
-from .data.plan import plan
-from .data.trace import Trace
-from .diff import diff, numerics
-from .geometry.layout import Layout, ShardInfo
-from .geometry.layout import check_arguments as _check_layout_arguments
-from .geometry.layout import compute as _compute_layout
-from .geometry.placement import Placement
-from .record import last_trace, per_rank, record, record_job, run
-from .show import export_html, play, plot
-from .show import show as _view
+from .capture import adapters as _adapters
 
-adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
+if _TYPE_CHECKING:
+    from .backends.choose import device_type, restart
+    from .compare import compare
+    from .data.events import CollectiveEvent, Event, OpEvent, RedistributeEvent, Source, TensorSnapshot
+    from .data.memory import MemoryTimeline
+    from .data.model import ModelMap
+    from .data.numerics import NumericsReport, StepNumerics, Tolerance
+    from .data.pipeline import Timeline
+    from .data.pipeline import timeline as pipeline_timeline
+    from .data.plan import plan
+    from .data.trace import Trace
+    from .diff import diff, numerics
+    from .geometry.layout import Layout, ShardInfo
+    from .geometry.placement import Placement
+    from .record import last_trace, per_rank, record, record_job, run
+    from .show import export_html, play, plot
+
+_adapters.watch_imports()  # a framework's own sharded tensors (PhysicsNeMo's), once it is imported
+
+
+def _draw(obj: Any, **options: Any) -> Any:
+    """What a backend hands to ``session.draw`` before the views were loaded: loads them (their
+    module registers its own drawer in place of this one) and draws."""
+    from .show import show as _view
+
+    return _view(obj, **options)
+
+
+_session.set_drawer(_draw)
+
+# The public names defined elsewhere, by module: imported on first use, so that ``import shardviz``
+# costs little more than ``import torch`` (torch.distributed.tensor, the recorder, matplotlib and
+# the widgets load when something needs them).
+_LAZY = {
+    "device_type": ".backends.choose",
+    "restart": ".backends.choose",
+    "compare": ".compare",
+    "CollectiveEvent": ".data.events",
+    "Event": ".data.events",
+    "OpEvent": ".data.events",
+    "RedistributeEvent": ".data.events",
+    "Source": ".data.events",
+    "TensorSnapshot": ".data.events",
+    "MemoryTimeline": ".data.memory",
+    "ModelMap": ".data.model",
+    "NumericsReport": ".data.numerics",
+    "StepNumerics": ".data.numerics",
+    "Tolerance": ".data.numerics",
+    "Timeline": ".data.pipeline",
+    "pipeline_timeline": ".data.pipeline:timeline",
+    "plan": ".data.plan",
+    "Trace": ".data.trace",
+    "diff": ".diff",
+    "numerics": ".diff",
+    "Layout": ".geometry.layout",
+    "ShardInfo": ".geometry.layout",
+    "Placement": ".geometry.placement",
+    "last_trace": ".record",
+    "per_rank": ".record",
+    "record": ".record",
+    "record_job": ".record",
+    "run": ".record",
+    "export_html": ".show",
+    "play": ".show",
+    "plot": ".show",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'shardviz' has no attribute {name!r}")
+    module, _, attr = where.partition(":")
+    value = getattr(_import_module(module, __name__), attr or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(_types.ModuleType):
+    """The package, whose public functions named like its modules (``record``, ``show``, ``diff``,
+    ``compare``) stay functions: importing such a module later, as the lazy names do, would
+    otherwise bind the module over the function."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, _types.ModuleType) and name in __all__:
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "CollectiveEvent",
@@ -111,21 +181,26 @@ def load(
     A file written by ``report.save(path)`` (an ``sv.diff`` report) comes back as the
     ``NumericsReport``, equal to the one saved, read with the same bounds and checks.
     """
-    limits = _resolve(
+    from .capture.recorder.snapshot import from_values
+    from .data.limits import resolve
+    from .data.load import load_path
+    from .data.numerics.report_file import is_report, load_report
+
+    limits = resolve(
         max_member_bytes=max_member_bytes,
         max_file_bytes=max_file_bytes,
         max_json_bytes=max_json_bytes,
         max_world_size=max_world_size,
     )
-    if _is_report(path):
-        return _load_report(path, limits=limits, tensor=_from_values)
-    return _load_path(
+    if is_report(path):
+        return load_report(path, limits=limits, tensor=from_values)
+    return load_path(
         path,
         allow_pickle=allow_pickle,
         progress=progress,
         source_root=source_root,
         limits=limits,
-        tensor=_from_values,  # a saved tensor result comes back a torch tensor
+        tensor=from_values,  # a saved tensor result comes back a torch tensor
     )
 
 
@@ -136,17 +211,32 @@ def use(backend: str = "local", world_size: int | None = None, **options: Any) -
 
     Calling it again with the same arguments changes nothing; other arguments rebuild the backend.
     """
+    from .backends.choose import use as _use
+
     _use(backend, world_size, **options)
 
 
 def show(obj: Any, **options: Any) -> Any:
+    from .backends.choose import show as _backend_show
+
     return _backend_show(obj, **options)
 
 
-show.__doc__ = f"""{_view.__doc__}
+def _show_doc() -> str:
+    """``sv.show``'s help: the view's own, read from its module without importing it (which would
+    load torch and the views)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).parent / "show.py").read_text())
+    view = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "show")
+    return f"""{ast.get_docstring(view, clean=False)}
     Inside a ``%%spmd`` cell on a real backend, each rank sends its shard and the notebook draws
     the gathered view, as under the simulator.
     """
+
+
+show.__doc__ = _show_doc()
 
 
 def layout(
@@ -163,6 +253,11 @@ def layout(
     mesh size, without a process group. ``shard_sizes={0: (3, 3, 2, 2)}`` gives the size of each
     coordinate's piece along a ``S(d)`` mesh dim where the shards do not follow chunking.
     """
+    from .capture import torch as _torch
+    from .geometry.layout import Layout
+    from .geometry.layout import check_arguments as _check_layout_arguments
+    from .geometry.layout import compute as _compute_layout
+
     if isinstance(obj, Layout):
         if mesh_shape is not None or placements is not None:
             raise TypeError("sv.layout(layout) takes no mesh_shape/placements: the layout already has them")
@@ -175,7 +270,7 @@ def layout(
         from .capture.layouts import held_layout
 
         return held_layout(obj)
-    adapter = adapters.for_object(obj)
+    adapter = _adapters.for_object(obj)
     if adapter is not None:
         if mesh_shape is not None or placements is not None or mesh_dim_names is not None:
             raise TypeError(
@@ -222,6 +317,8 @@ def model_map(
     parameter's ``.grad`` when it has one. ``world_size``: the world plain tensors are replicated
     over (default: the current backend's, or the largest rank any DTensor names, plus one).
     """
+    from .capture.model_map import model_map as _model_map
+
     return _model_map(
         model,
         optimizer,

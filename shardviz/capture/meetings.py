@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ShardvizError
 from . import torch as _torch
-from .recorder.specs import Spec, reduce_name
+
+if TYPE_CHECKING:
+    from .recorder.specs import Spec
 
 
 class CollectiveMismatchError(ShardvizError, RuntimeError):
@@ -50,6 +52,9 @@ class Call:
     factor: Any = None  # a ReduceOp.PREMUL_SUM's factor, read in the calling rank's thread
 
     def reduce(self) -> str | None:
+        # Imported here: the recorder imports this module, and the threads may be loaded first.
+        from .recorder.specs import reduce_name
+
         return reduce_name(self.bound.get("reduce_op")) if self.spec.reduce else None
 
     def root(self) -> int | None:
