@@ -289,6 +289,156 @@ def test_a_large_buffer_written_unseen_after_a_collective_keeps_the_collectives_
     assert not [w for w in caught if issubclass(w.category, SimulationWarning)]
 
 
+# --- torch.compile: Dynamo's fake copies of the stacked tensors, AOTAutograd's graphs on them ---------
+
+
+def _compiled_step(backend: str, x: torch.Tensor, w: torch.Tensor) -> Callable[[], Any]:
+    """A compiled DTensor function on a (2, 2) mesh, a backward through it, then a second call
+    (the cached code). Each rank's [3, 5] and [5, 7] float32 shards sit 60 and 140 bytes apart in
+    a stack: off the matrix kernels' alignment, where a compiled graph's per-rank products must
+    still give each rank's own bits."""
+
+    def program() -> Any:
+        torch._dynamo.reset()  # nothing compiled for the other engine is reused
+        mesh = init_device_mesh("cpu", (2, 2))
+
+        def f(x: DTensor, w: DTensor) -> Any:
+            y = torch.tanh(x) @ w  # a partial sum over the second mesh dim
+            return y.redistribute(mesh, [Shard(0), Replicate()]) * 3
+
+        step = torch.compile(f, backend=backend)
+        dw = distribute_tensor(w.clone().requires_grad_(), mesh, [Replicate(), Shard(0)])
+        y = step(distribute_tensor(x, mesh, [Shard(0), Shard(1)]), dw)
+        y.to_local().sum().backward()
+        again = step(distribute_tensor(x * 2, mesh, [Shard(0), Shard(1)]), dw)
+        return [y, dw.grad, again, again.full_tensor()]
+
+    return program
+
+
+@needs_batched
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile_gives_lockstep_traces_and_bits_and_plain_torch_values(backend):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(6, 10, generator=g), torch.randn(10, 7, generator=g)
+    t_lock, out_lock, _ = _run("lockstep", 4, _compiled_step(backend, x, w))
+    t_bat, out_bat, mode = _run("batched", 4, _compiled_step(backend, x, w))
+    assert type(mode).__name__ == "BatchedLocalTensorMode" and mode.batched_ops > 0
+    _same_bits(out_bat, out_lock)
+    assert t_bat == t_lock and len(t_bat.collectives()) > 0
+    # plain torch on the global tensors: rank (i, j) holds rows 3i..3i+2 of y and of w.grad's
+    # share j (each of the two ranks of a row block summed its own 3 rows)
+    wg = w.clone().requires_grad_()
+    yg = torch.tanh(x) @ wg
+    (yg * 3).sum().backward()
+    y, gw, again, full = out_bat
+    for r in range(4):
+        i, j = divmod(r, 2)
+        torch.testing.assert_close(y[r], 3 * yg.detach()[3 * i : 3 * i + 3], msg=f"rank {r}")
+        torch.testing.assert_close(full[r], 3 * torch.tanh(x * 2) @ w, msg=f"rank {r}")
+        torch.testing.assert_close(again[r], full[r][3 * i : 3 * i + 3], msg=f"rank {r}")
+        assert gw[r].shape == (5, 7), f"rank {r}"
+    # the two ranks of a column share hold the gradient of their half of the rows each
+    for j in range(2):
+        total = gw[j] + gw[2 + j]
+        torch.testing.assert_close(total, wg.grad[5 * j : 5 * j + 5], msg=f"share {j}")
+
+
+@needs_batched
+@pytest.mark.timeout(240)
+def test_aot_eager_graph_products_on_stack_slices_give_each_ranks_own_bits():
+    # AOTAutograd's graph runs each rank's matrix kernels itself, on the slices of the stacks it
+    # is handed: a [3, 10] float32 shard sits 120 bytes after the previous rank's, and the
+    # kernels rounded the last bit otherwise there (ranks 1 and 3 one ulp off lockstep's).
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(12, 10, generator=g) * 3, torch.randn(4, 10, generator=g)
+    b = torch.randn(4, generator=g)
+
+    def program() -> Any:
+        torch._dynamo.reset()
+        mesh = init_device_mesh("cpu", (4,))
+
+        def f(x: DTensor, w: DTensor, b: DTensor) -> Any:
+            y = torch.nn.functional.linear(x, w, b)
+            return [y, torch.addmm(b, x, w.t()), x @ w.t(), y.t() @ x]
+
+        # Made under the simulation, the replicated ones are LocalTensors (a plain tensor
+        # distributed as Replicate stays plain, which AOTAutograd cannot trace beside
+        # LocalTensors: torch's limit, lockstep too).
+        args = [distribute_tensor(x, mesh, [Shard(0)])] + [
+            distribute_tensor(torch.zeros(t.shape) + t, mesh, [Replicate()]) for t in (w, b)
+        ]
+        return torch.compile(f, backend="aot_eager")(*args)
+
+    t_lock, out_lock, _ = _run("lockstep", 4, program)
+    t_bat, out_bat, _ = _run("batched", 4, program)
+    _same_bits(out_bat, out_lock)
+    assert t_bat == t_lock
+    for r in range(4):  # plain torch on each rank's rows
+        rows = x[3 * r : 3 * r + 3]
+        want = torch.nn.functional.linear(rows, w, b)
+        torch.testing.assert_close(out_bat[0][r], want, msg=f"rank {r}")
+        torch.testing.assert_close(out_bat[1][r], want, msg=f"rank {r}")
+        torch.testing.assert_close(out_bat[2][r], rows @ w.t(), msg=f"rank {r}")
+        torch.testing.assert_close(out_bat[3][r], want.t() @ rows, msg=f"rank {r}")
+
+
+@needs_batched
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_torch_compile_writing_an_input_in_place_with_nan_inf_and_bf16(backend):
+    g = torch.randn(12, 3, generator=torch.Generator().manual_seed(4))
+    g[1, 1], g[7, 0] = float("nan"), float("inf")
+    wg = torch.randn(12, 3, generator=torch.Generator().manual_seed(5))
+
+    def program() -> Any:
+        torch._dynamo.reset()
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(g, mesh, [Shard(0)])
+        w = distribute_tensor(wg, mesh, [Shard(0)])
+
+        def f(x: DTensor, w: DTensor) -> Any:
+            x.mul_(2)
+            return (x * w).relu().to(torch.bfloat16), x.sum()
+
+        step = torch.compile(f, backend=backend)
+        return [*step(x, w), *step(x, w), x]
+
+    t_lock, out_lock, _ = _run("lockstep", 4, program)
+    t_bat, out_bat, _ = _run("batched", 4, program)
+    _same_bits(out_bat, out_lock)
+    assert t_bat == t_lock
+    first, _, second, _, x = out_bat
+    for r in range(4):  # plain torch: the input written twice, the compiled code run on each
+        rows, ws = g[3 * r : 3 * r + 3], wg[3 * r : 3 * r + 3]
+        torch.testing.assert_close(x[r], rows * 4, equal_nan=True)
+        torch.testing.assert_close(first[r], (rows * 2 * ws).relu().bfloat16(), equal_nan=True)
+        torch.testing.assert_close(second[r], (rows * 4 * ws).relu().bfloat16(), equal_nan=True)
+
+
+@needs_batched
+@pytest.mark.timeout(120)
+def test_torch_compile_of_uneven_shards_fails_as_on_lockstep():
+    # Per-rank sizes are per-rank ints, which Dynamo cannot trace (torch's limit, lockstep too):
+    # the batched engine raises torch's own error, with shardviz's way out, as lockstep does.
+    def program() -> Any:
+        torch._dynamo.reset()
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(torch.arange(10.0), mesh, [Shard(0)])  # 3, 3, 2, 2 rows
+        return torch.compile(lambda t: t * 2, backend="eager")(x)
+
+    errors = []
+    for engine in ("lockstep", "batched"):
+        with pytest.raises(Exception) as e:
+            _run(engine, 4, program)
+        errors.append(e.value)
+    lock, bat = errors
+    assert type(bat) is type(lock) and type(bat).__module__.startswith("torch")
+    assert str(bat).split("\n")[0] == str(lock).split("\n")[0]
+    assert "shardviz:" in str(bat) and "sv.use('gloo'" in str(bat)
+
+
 @needs_batched
 def test_engine_switch_and_default():
     sv.use("local", world_size=2, engine="batched")

@@ -39,7 +39,7 @@ from torch._C._functorch import (
     maybe_get_level,
 )
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import get_alias_info
+from torch.utils._python_dispatch import get_alias_info, return_and_correct_aliasing
 
 from . import rank_collectives, stacked
 from .gate import LocalIntNode, LocalTensor, LocalTensorMode, _private
@@ -61,6 +61,7 @@ _SLOT = LocalTensor.__dict__["_local_tensors"]
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
 _get_dispatch_mode = torch._C._get_dispatch_mode
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
 _FALLBACK = rank_collectives.FALLBACK
 aten = torch.ops.aten
 _WRAP_AUTOGRAD = getattr(getattr(torch.ops._c10d_functional, "_wrap_tensor_autograd", None), "default", None)
@@ -345,6 +346,8 @@ class BatchedLocalTensorMode(LocalTensorMode):
         if route is _TORCH or not self._full or _get_dispatch_mode(_FAKE) is not None:
             # DTensor's sharding propagation runs ops on fake tensors below this mode: one fake per
             # rank, as LocalTensorMode makes them (nothing is computed).
+            if route is _LOOP and info.write_arg is None and _get_dispatch_mode(_PROXY) is not None:
+                args, kwargs = _traced_own_alignment((args, kwargs))
             return super().__torch_dispatch__(func, types, args, kwargs)
         if route is _META:
             if len(args) == 1 and type(args[0]) is StackedLocalTensor:
@@ -918,6 +921,47 @@ def _own_locals(x: Any) -> Any:
     return x
 
 
+@torch.library.custom_op("shardviz::own_alignment", mutates_args=())
+def own_alignment(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` (its strides kept) that starts at ``like``'s alignment: what
+    ``_as_own_tensors`` does, as an operator a compiled graph can hold (AOTAutograd's graphs run
+    rank ``r``'s kernels on slices of the stacks)."""
+    el = x.element_size()
+    want = like.data_ptr() % _KERNEL_ALIGNMENT if like.numel() else 0
+    pad = want // el if want % el == 0 else 0
+    # The memory x spans, copied as it lies: any layout (broadcast, gaps) is kept exactly.
+    span = 1 + sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
+    with _DisableTorchDispatch():
+        buf = torch.empty(span + pad, dtype=x.dtype, device=x.device)
+        if span:
+            buf[pad:].copy_(x.as_strided((span,), (1,), x.storage_offset()))
+        return buf.as_strided(x.shape, x.stride(), pad)
+
+
+@own_alignment.register_fake
+def _(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+
+
+def _traced_own_alignment(x: Any) -> Any:
+    """Traced into a compiled graph (torch.compile's AOTAutograd): every rank's tensor but the
+    first read through ``own_alignment``, so its kernel runs at the alignment it has per rank,
+    whichever slice of a stack the compiled graph is handed at run time."""
+    if isinstance(x, LocalTensor):
+        lts = x._local_tensors
+        ranks = sorted(lts)
+        if len(ranks) < 2:
+            return x
+        first = lts[ranks[0]]
+        per = {r: lts[r] if r == ranks[0] else own_alignment(lts[r], first) for r in ranks}
+        return LocalTensor.__new__(StackedLocalTensor, per)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_traced_own_alignment(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _traced_own_alignment(v) for k, v in x.items()}
+    return x
+
+
 def _realigned(v: torch.Tensor, want: int) -> torch.Tensor:
     el = v.element_size()
     if (
@@ -1064,7 +1108,19 @@ def _for_each_rank_adopting(func: Any, ranks: Any, args: Any, kwargs: Any, *, al
     or selecting each rank's shard), under a batched mode: DTensor's own shape-only helpers run
     once on the stacks where no argument is per rank, a rank's chunk is picked for all ranks at
     once, and otherwise the per-rank results come back stacked where they are fresh (a result
-    that shares memory with a LocalTensor argument, a view of it, stays per rank)."""
+    that shares memory with a LocalTensor argument, a view of it, stays per rank).
+
+    An operator with torch's aliasing fix-up (``alias``, LocalTensorMode's own path: operators it
+    runs per rank for this engine, and every operator on torch.compile's fake copies) keeps a
+    stacked input's class on its views, as that fix-up requires."""
+    if (
+        alias
+        and isinstance(func, torch._ops.OpOverload)
+        and not _lt_module._is_inplace_op(func)
+        and any(type(a) is StackedLocalTensor for a in flat_args(args, kwargs))
+    ):
+        out = _for_each_rank_run_func(func, ranks, args, kwargs, alias=False)
+        return return_and_correct_aliasing(func, args, kwargs, _adopt(out, view=True))
     if (
         alias
         or isinstance(func, torch._ops.OpOverload)

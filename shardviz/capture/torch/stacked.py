@@ -19,6 +19,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .gate import LocalIntNode, LocalTensor, _private
 
@@ -61,7 +62,10 @@ class StackedLocalTensor(LocalTensor):
         except AttributeError:
             pass
         stk = self.__dict__["_stk"]
-        with _DisableTorchDispatch():
+        if type(stk) in PLAIN:
+            with _DisableTorchDispatch():
+                views = _RankViews(zip(range(stk.shape[0]), stk.unbind(0), strict=True))
+        else:  # torch.compile's fake or functional copy: its ranks are cut from it as it handles it
             views = _RankViews(zip(range(stk.shape[0]), stk.unbind(0), strict=True))
         views.owner = weakref.ref(self)
         _SLOT.__set__(self, views)
@@ -97,6 +101,43 @@ class StackedLocalTensor(LocalTensor):
         if self.requires_grad:
             out.requires_grad_(True)
         return out
+
+    # --- torch.compile: Dynamo and AOTAutograd make fake copies from these, and run compiled
+    # graphs on the tensors they name (a stacked one's stack, or its ranks' tensors) ------------
+
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[Any, ...]]:
+        """A stacked one as its stack (one tensor ``[ranks, ...]``), one held per rank as its
+        ranks' tensors, as a LocalTensor."""
+        if self.__dict__.get("_stk") is not None:
+            return ["_stk"], (STACKED,)
+        return super().__tensor_flatten__()[0], (PER_RANK,)
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner_tensors: dict[str, Any], flatten_spec: tuple[Any, ...], outer_size: Any, outer_stride: Any
+    ) -> StackedLocalTensor:
+        if flatten_spec == (STACKED,):
+            return wrap(inner_tensors["_stk"])
+        per_rank = {_lt_module._from_local_tensor_attr(a): t for a, t in inner_tensors.items()}
+        return LocalTensor.__new__(StackedLocalTensor, per_rank)
+
+    def __coerce_same_metadata_as_tangent__(
+        self, expected_metadata: Any, expected_type: type | None = None
+    ) -> torch.Tensor | None:
+        """A gradient reaching a compiled backward in another form than its trace saw: the same
+        values in that form (a LocalTensor, stacked, or held per rank)."""
+        if expected_type is LocalTensor:
+            return _lt_module.LocalTensor(dict(self._local_tensors))
+        if expected_type not in (None, StackedLocalTensor):
+            return None
+        if expected_metadata == (PER_RANK,):
+            return LocalTensor.__new__(StackedLocalTensor, dict(self._local_tensors))
+        if expected_metadata == (STACKED,):
+            stk = stack_of(self)
+            if stk is None:
+                return None  # uneven ranks: no stack holds them
+            return wrap(stk)
+        return None
 
     @classmethod
     def __torch_dispatch__(
@@ -149,6 +190,7 @@ def wrap(stk: torch.Tensor) -> StackedLocalTensor:
 
 
 _RANKS: dict[int, frozenset[int]] = {}
+STACKED, PER_RANK = "stacked", "per rank"  # how one is flattened for torch.compile
 
 
 def stack_of(t: Any) -> torch.Tensor | None:
@@ -253,6 +295,28 @@ def _as_slices(values: list[torch.Tensor]) -> torch.Tensor | None:
         return first.as_strided((len(values), *shape), (step, *stride), offsets[0])
 
 
+def _fake_slices(values: list[torch.Tensor]) -> bool:
+    """Fake tensors (torch.compile's copies) of one shape and layout, evenly spaced slices of one
+    fake memory, as ``_as_slices`` finds real ones."""
+    first = values[0]
+    if len(values) < 2 or not isinstance(first, FakeTensor):
+        return False
+    shape, stride, storage = first.shape, first.stride(), first.untyped_storage()._cdata
+    step = values[1].storage_offset() - first.storage_offset()
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
+    if step <= 0 or step < span:
+        return False
+    return all(
+        isinstance(v, FakeTensor)
+        and v.shape == shape
+        and v.stride() == stride
+        and v.dtype == first.dtype
+        and v.untyped_storage()._cdata == storage
+        and v.storage_offset() == first.storage_offset() + i * step
+        for i, v in enumerate(values)
+    )
+
+
 def _alone(v: torch.Tensor) -> bool:
     """Whether nothing but its LocalTensor refers to this tensor or its memory: not a view, no
     view of it, not saved for backward, one Python reference (the LocalTensor's dict: the other
@@ -322,6 +386,8 @@ def metadata(func: Any, t: StackedLocalTensor) -> Any:
             slices = _as_slices(values)
             if slices is not None:
                 return slices.storage_offset()
+        elif values and _fake_slices(values):
+            return values[0].storage_offset()  # torch.compile's copy of such ranks says the same
     with _DisableTorchDispatch():
         per_rank = {r: func(v) for r, v in t._local_tensors.items()}
     first = next(iter(per_rank.values()))
