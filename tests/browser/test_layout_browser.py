@@ -64,6 +64,13 @@ def test_2d_uneven_layout_draws_every_rank_and_a_click_shows_the_shard(page, tmp
     )
     assert "sv-selected" in p.get_attribute('.sv-mesh [data-rank="2"]', "class")
     assert "sv-selected" not in p.get_attribute('.sv-mesh [data-rank="1"]', "class")
+    # The pointer leaving the clicked block for the "show values" button leaves the panel as it
+    # is: it shows rank 2 either way, and a redraw between a click's mousedown and mouseup (under
+    # load) lost the click.
+    button = p.query_selector("[data-action=values]")
+    p.hover("[data-action=values]")
+    p.wait_for_timeout(100)  # two animation frames at least
+    assert button.evaluate("b => b.isConnected"), "the info panel was redrawn under the pointer"
     p.click("[data-action=values]")
     p.wait_for_selector('table.sv-values[data-values-rank="2"]')
     cells = p.eval_on_selector_all("table.sv-values td", "els => els.map(e => Number(e.textContent))")

@@ -424,8 +424,19 @@ function render({ model, el, experimental }) {
     return { s, parts };
   }
 
+  // What the info panel shows: the pointer moving between regions that show the same rank (the
+  // tensor block, then its "show values" button) leaves the panel as it is, so that a click on
+  // the button is not lost to a redraw between its mousedown and its mouseup.
+  let infoShown = null;
+  function infoKey() {
+    const sel = model.get("selected");
+    const rank = hover !== null && hover.length === 1 ? hover[0] : geo.byRank.has(sel) ? sel : null;
+    return rank === null ? `none ${hover && hover.length > 1 ? hover.join(",") : ""}` : `rank ${rank}`;
+  }
+
   function drawInfo() {
     info.replaceChildren();
+    infoShown = infoKey();
     const sel = model.get("selected");
     const rank = hover !== null && hover.length === 1 ? hover[0] : geo.byRank.has(sel) ? sel : null;
     if (rank === null) {
@@ -491,7 +502,7 @@ function render({ model, el, experimental }) {
     cancelAnimationFrame(raf);
     raf = requestAnimationFrame(() => {
       applyHighlight();
-      drawInfo();
+      if (infoKey() !== infoShown) drawInfo();
     });
   }
   function onLeave() {
@@ -499,7 +510,7 @@ function render({ model, el, experimental }) {
     cancelAnimationFrame(raf);
     raf = requestAnimationFrame(() => {
       applyHighlight();
-      drawInfo();
+      if (infoKey() !== infoShown) drawInfo();
     });
   }
   function select(rs) {
