@@ -42,8 +42,9 @@ def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
 
 def interleaved(
     cases: dict[str, Callable[[], contextlib.AbstractContextManager[object]]],
-    body: Callable[[], object],
+    body: Callable[[], object] | dict[str, Callable[[], object]],
     rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Median time of ``body`` under each context, the contexts taking turns to share the noise,
     and each context's ratio to the first one (``paired``).
@@ -52,21 +53,23 @@ def interleaved(
     context that runs after another inherit its caches and allocator state. The clock covers
     entering and leaving the context too (a recording is finished on leaving), and ``body``'s
     result is held until after, as a notebook cell's variable would be. Garbage is collected
-    after every run, off the clock.
+    after every run, off the clock. ``body`` may be one per case (a dict); ``clock`` is
+    ``time.process_time`` where the CPU a body costs is wanted, not what other processes take.
     """
+    bodies = body if isinstance(body, dict) else dict.fromkeys(cases, body)
     times: dict[str, list[float]] = {k: [] for k in cases}
-    for ctx in cases.values():  # warm up
+    for k, ctx in cases.items():  # warm up
         with ctx():
-            body()
+            bodies[k]()
     order = list(cases.items())
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
         shuffle(order)
         for k, ctx in order:
-            t = time.perf_counter()
+            t = clock()
             with ctx():
-                result = body()
-            times[k].append(time.perf_counter() - t)
+                result = bodies[k]()
+            times[k].append(clock() - t)
             del result
             # Off the clock: DTensor's outputs sit in reference cycles until the cyclic GC runs;
             # left to it, they pile up and the run that triggers it pays for all (bare
@@ -74,6 +77,20 @@ def interleaved(
             gc.collect()
     base = times[next(iter(cases))]
     return {k: statistics.median(v) for k, v in times.items()}, {k: paired(v, base) for k, v in times.items()}
+
+
+def training_step(model: Any, opt: Any, tokens: Any) -> Callable[[], object]:
+    """One training step of a language model on ``tokens``: forward, a mean loss, backward, the
+    optimizer's step; the loss is returned (held past the clock, as a notebook variable would be)."""
+
+    def step() -> object:
+        loss = model(tokens).float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
 
 
 def paired(times: list[float], base: list[float]) -> float:
@@ -534,12 +551,7 @@ def bench_llama() -> list[Row]:
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         tokens = torch.randint(0, 128, (2, 16))
 
-    def step() -> object:
-        loss = model(tokens).float().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = training_step(model, opt, tokens)
 
     backend = choose.current()
     cases = {
@@ -864,14 +876,7 @@ def _plain_llama_step(args: Any, tokens: torch.Tensor) -> Callable[[], object]:
     model = Transformer(args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def step() -> object:
-        loss = model(tokens).float().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step
+    return training_step(model, opt, tokens)
 
 
 def _simulated_llama_step(
@@ -894,40 +899,7 @@ def _simulated_llama_step(
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         mine = sv.per_rank(lambda r: tokens[(r // tp) * rows : (r // tp + 1) * rows])
 
-    def step() -> object:
-        loss = model(mine).float().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step
-
-
-def interleaved_cpu(
-    cases: dict[str, Callable[[], contextlib.AbstractContextManager[object]]],
-    bodies: dict[str, Callable[[], object]],
-    rounds: int,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """``interleaved`` with a body of its own per case, on the process's CPU clock (one torch
-    thread: the CPU the step costs, not what other processes take)."""
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for k, ctx in cases.items():  # warm up
-        with ctx():
-            bodies[k]()
-    order = list(cases.items())
-    shuffle = random.Random(0).shuffle
-    for _ in range(rounds):
-        shuffle(order)
-        for k, ctx in order:
-            t = time.process_time()
-            with ctx():
-                result = bodies[k]()
-            times[k].append(time.process_time() - t)
-            del result
-            gc.collect()
-    base = times[next(iter(cases))]
-    return {k: statistics.median(v) for k, v in times.items()}, {k: paired(v, base) for k, v in times.items()}
+    return training_step(model, opt, mine)
 
 
 def bench_engine() -> list[Row]:
@@ -954,8 +926,11 @@ def bench_engine() -> list[Row]:
         for engine in _torch.ENGINES:
             progress(f"engines: {what}, {engine}")
             step = _simulated_llama_step(args, tokens, world, 4, engine)
-            med, ratio = interleaved_cpu(
-                {"plain": contextlib.nullcontext, engine: sv.record}, {"plain": plain, engine: step}, rounds
+            med, ratio = interleaved(
+                {"plain": contextlib.nullcontext, engine: sv.record},
+                {"plain": plain, engine: step},
+                rounds,
+                clock=time.process_time,
             )
             aim = ""
             if engine == "batched":
