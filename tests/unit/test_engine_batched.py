@@ -163,6 +163,57 @@ def test_small_llama_tp_step():
 
 
 @needs_batched
+def test_a_lazy_conjugate_is_read_conjugated_as_per_rank():
+    # RoPE's backward multiplies by freqs.conj(): a conjugate bit on the stack that the wrapper
+    # lacked, so ops on the stack read the unconjugated values (torchtitan's Llama gradients off).
+    f0 = torch.randn(2, 3, dtype=torch.complex64)
+    x0 = torch.randn(2, 3, dtype=torch.complex64)
+
+    def program() -> Any:
+        rank = dist.get_rank()
+        f = f0 * (rank + 1)  # rank-dependent, held as one stack
+        x = x0 + 0
+        fc = f.conj()
+        out = [x * fc, fc + 1, fc.imag * 1, torch.view_as_real(fc.resolve_conj()), fc]
+        dist.all_reduce(total := torch.view_as_real(x * fc).clone())
+        return [*out, total]
+
+    _both(4, program)
+    _, out, _ = _run("batched", 4, program)
+    for r in range(4):
+        f = f0 * (r + 1)
+        want = [x0 * f.conj(), f.conj() + 1, f.conj().imag * 1, torch.view_as_real(f.conj().resolve_conj())]
+        for i, w in enumerate(want):
+            torch.testing.assert_close(out[i][r], w, atol=0, rtol=0, msg=f"result {i}, rank {r}")
+
+
+@needs_batched
+def test_elementwise_functions_keep_each_ranks_bits_at_any_size():
+    # torch's vector lanes and its scalar tail round sigmoid, silu, exp ... differently; a stack
+    # moves which elements fall in the tail (13 floats a rank: 5 in the tail per rank, 1 in the
+    # stack's), so those run per rank. Written out against plain torch on each rank's tensor.
+    base = torch.randn(13) * 3
+
+    def program() -> Any:
+        rank = dist.get_rank()
+        x = base * (rank + 1) + 0
+        y = base.flip(0) + 0
+        fns = [torch.sigmoid(x), torch.nn.functional.silu(x), torch.tanh(x), torch.exp(x), x.pow(3)]
+        fns += [torch.add(x, y, alpha=0.3), torch.lerp(x, y, 0.7), torch.addcmul(x, x, y, value=0.1)]
+        dist.all_reduce(total := fns[0].clone())
+        return [*fns, total]
+
+    _both(4, program)
+    _, out, _ = _run("batched", 4, program)
+    for r in range(4):
+        x, y = base * (r + 1), base.flip(0)
+        want = [torch.sigmoid(x), torch.nn.functional.silu(x), torch.tanh(x), torch.exp(x), x.pow(3)]
+        want += [torch.add(x, y, alpha=0.3), torch.lerp(x, y, 0.7), torch.addcmul(x, x, y, value=0.1)]
+        for i, w in enumerate(want):
+            assert torch.equal(out[i][r], w), f"result {i}, rank {r}"
+
+
+@needs_batched
 def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits():
     # A rank's [3, 10] float32 slice of a stack starts 120 bytes after the previous one: the
     # matrix kernels took another code path there and rounded the last bit otherwise (FSDP's

@@ -141,6 +141,128 @@ _ELEMENTWISE = _ops(
     aten.full_like,
     aten.masked_fill_,
 )
+# Elementwise ops run straight on the stacks only where each output element is one correctly
+# rounded IEEE operation (or none): then where an element falls in the kernel's loop (a vector
+# lane, the scalar tail, another thread's chunk) cannot change its bits. Stacking ranks moves
+# those boundaries, and for the rest it does: exp, tanh, silu, pow, complex products and fused
+# forms such as ``a + alpha * b`` (one rounding in the vector lanes, two in the tail) round
+# differently there. They run as per-rank kernels on each rank's slice, as matrix products do.
+_EXACT = _ops(
+    aten.abs,
+    aten.add,
+    aten.add_,
+    aten.sub,
+    aten.sub_,
+    aten.rsub,
+    aten.mul,
+    aten.mul_,
+    aten.div,
+    aten.div_,
+    aten.true_divide,
+    aten.neg,
+    aten.neg_,
+    aten.positive,
+    aten.reciprocal,
+    aten.reciprocal_,
+    aten.sqrt,
+    aten.sqrt_,
+    aten.pow,
+    aten.pow_,
+    aten.clamp,
+    aten.clamp_,
+    aten.clamp_min,
+    aten.clamp_min_,
+    aten.clamp_max,
+    aten.clamp_max_,
+    aten.clip,
+    aten.clip_,
+    aten.clone,
+    aten.eq,
+    aten.ne,
+    aten.lt,
+    aten.le,
+    aten.gt,
+    aten.ge,
+    aten.maximum,
+    aten.minimum,
+    aten.max,
+    aten.min,
+    aten.fmax,
+    aten.fmin,
+    aten.where,
+    aten.masked_fill,
+    aten.isnan,
+    aten.isinf,
+    aten.isfinite,
+    aten.isposinf,
+    aten.isneginf,
+    aten.signbit,
+    aten.sign,
+    aten.sign_,
+    aten.copysign,
+    aten.ceil,
+    aten.ceil_,
+    aten.floor,
+    aten.floor_,
+    aten.trunc,
+    aten.trunc_,
+    aten.round,
+    aten.round_,
+    aten.frac,
+    aten.frac_,
+    aten.relu,
+    aten.relu_,
+    aten.threshold,
+    aten.threshold_backward,
+    aten.hardtanh,
+    aten.hardtanh_,
+    aten.nan_to_num,
+    aten.nan_to_num_,
+    aten.logical_and,
+    aten.logical_and_,
+    aten.logical_or,
+    aten.logical_or_,
+    aten.logical_xor,
+    aten.logical_xor_,
+    aten.logical_not,
+    aten.logical_not_,
+    aten.bitwise_and,
+    aten.bitwise_and_,
+    aten.bitwise_or,
+    aten.bitwise_or_,
+    aten.bitwise_xor,
+    aten.bitwise_xor_,
+    aten.bitwise_not,
+    aten.bitwise_not_,
+    aten.conj_physical,
+)
+# Of those, exact on complex values too (no product of parts): complex values otherwise per rank.
+_COMPLEX_EXACT = _ELEMENTWISE | _ops(
+    aten.clone, aten.neg, aten.neg_, aten.conj_physical, aten.where, aten.masked_fill, aten.eq, aten.ne
+)
+
+
+def _one_rounding(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether this call of an exact op is one rounding: ``add``/``sub`` with ``alpha`` 1 (torch's
+    vector lanes fuse ``a + alpha * b``), ``div`` without a rounding mode, ``pow`` to 1 or 2 (torch
+    squares by one product), ``round`` without decimals."""
+    name = func._opname
+    if name in ("add", "add_", "sub", "sub_", "rsub"):
+        return len(args) <= 2 and kwargs.get("alpha", 1) == 1
+    if name in ("div", "div_"):
+        return kwargs.get("rounding_mode") is None and len(args) <= 2
+    if name in ("pow", "pow_"):
+        return len(args) == 2 and not isinstance(args[1], torch.Tensor) and args[1] in (1, 2)
+    if name in ("round", "round_"):
+        return not kwargs.get("decimals")
+    return True
+
+
+_CONDITIONAL = frozenset(
+    {"add", "add_", "sub", "sub_", "rsub", "div", "div_", "pow", "pow_", "round", "round_"}
+)
+
+
 # Data movement through the batching rules: every output element is one input element.
 _MOVES = _ops(
     aten.cat,
@@ -188,7 +310,7 @@ _OUT_OPS = {
 
 
 class _OpInfo:
-    __slots__ = ("alias_pairs", "dropout_at", "out_op", "route", "write_arg")
+    __slots__ = ("alias_pairs", "conditional", "dropout_at", "out_op", "route", "write_arg")
 
     def __init__(self, func: Any) -> None:
         self.route = _TORCH
@@ -196,6 +318,7 @@ class _OpInfo:
         self.write_arg: int | None = None
         self.dropout_at: tuple[int, float] | None = None  # a seeded op's dropout_p: (position, default)
         self.out_op = _OUT_OPS.get(func)
+        self.conditional = False  # exact for some arguments only (``_one_rounding``)
         ns = func.namespace
         if ns in ("c10d", "_c10d_functional", "_dtensor"):
             self.route = _COLLECTIVE
@@ -246,8 +369,9 @@ class _OpInfo:
             self.write_arg = 0
         if info.is_inplace_view_op:
             self.route = _INPLACE_VIEW
-        elif torch.Tag.pointwise in tags or func in _ELEMENTWISE:
+        elif func in _ELEMENTWISE or (torch.Tag.pointwise in tags and func in _EXACT):
             self.route = _POINTWISE
+            self.conditional = func._opname in _CONDITIONAL
         elif self.alias_pairs:
             self.route = _VIEW if self.write_arg is None else _PER_RANK
         elif func in _MOVES:
@@ -383,9 +507,14 @@ class BatchedLocalTensorMode(LocalTensorMode):
                 if found == 0:
                     out = self._no_local(func, args, kwargs)
                 elif route is _POINTWISE:
-                    out = _pointwise(func, info, args, kwargs)
-                    if out is _FALLBACK and info.write_arg is None:
-                        out = self._vmap(func, info, args, kwargs)
+                    if info.conditional and not _one_rounding(func, args, kwargs):
+                        out = self._loop(func, info, args, kwargs)
+                    else:
+                        out = _pointwise(func, info, args, kwargs)
+                        if out is _PER_SLICE:
+                            out = self._loop(func, info, args, kwargs)
+                        elif out is _FALLBACK and info.write_arg is None:
+                            out = self._vmap(func, info, args, kwargs)
                 elif route is _VIEW:
                     out = _view(func, info, args, kwargs)
                     if out is _FALLBACK:
@@ -447,6 +576,8 @@ class BatchedLocalTensorMode(LocalTensorMode):
     def _loop(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The op's own kernel on each rank's slice of the stacks, the results stacked: the same
         arithmetic as per rank, without LocalTensorMode's Python around each call."""
+        if info.write_arg is not None and type(args[info.write_arg]) is not StackedLocalTensor:
+            return _FALLBACK  # a plain tensor written with per-rank values: rank by rank
         world = self._world
         slices: dict[int, tuple[torch.Tensor, ...]] = {}
         out_op: Any = info.out_op
@@ -600,7 +731,7 @@ def _compare(out: Any, ref: Any, where: str, values: bool = True) -> None:
                     )
                 if a.numel() and a.stride() != b.stride():
                     raise EngineMismatch(f"{where}: rank {r} strides {a.stride()} against {b.stride()}")
-                if values and a.numel() and not _same_values(a, b):
+                if values and a.numel() and not a.is_meta and not _same_values(a, b):
                     gap = (a.double() - b.double()).abs().max().item()
                     raise EngineMismatch(f"{where}: rank {r} values differ by {gap}")
         return
@@ -685,7 +816,10 @@ def _pointwise(func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str
     for a in (*args, *kwargs.values()) if kwargs else args:
         t = type(a)
         if t is StackedLocalTensor:
-            nd = a.__dict__["_stk"].dim() - 1
+            stk = a.__dict__["_stk"]
+            nd = stk.dim() - 1
+            if stk.is_complex() and func not in _COMPLEX_EXACT:
+                return _PER_SLICE  # a complex product rounds by where it falls in the loop
             if k == -1:
                 k = nd
             elif nd != k:
@@ -694,6 +828,10 @@ def _pointwise(func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str
             return _FALLBACK
         elif isinstance(a, torch.Tensor):
             plain_nd = max(plain_nd, a.dim())
+            if a.is_complex() and func not in _COMPLEX_EXACT:
+                return _PER_SLICE
+        elif t is complex and func not in _COMPLEX_EXACT:
+            return _PER_SLICE
     if plain_nd > k or (k == 0 and plain_nd >= 0):
         return _FALLBACK
     if info.write_arg is not None and type(args[0]) is not StackedLocalTensor:
@@ -717,6 +855,7 @@ def _pointwise(func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str
     return _FALLBACK
 
 
+_PER_SLICE = object()  # ``_pointwise``: run per-rank kernels on the slices instead
 _CAT = aten.cat.default
 
 

@@ -179,6 +179,12 @@ def wrap(stk: torch.Tensor) -> StackedLocalTensor:
         requires_grad=False,
     )
     torch._C._set_throw_on_mutable_data_ptr(r)
+    if stk.is_conj() or stk.is_neg():
+        # A lazy conjugate or negation (``x.conj()``) is a bit on the tensor, which torch resolves
+        # before an op reaches Python dispatch. LocalTensorMode's wrapper carries its ranks' bit;
+        # without it here, ops on the stack would read the unconjugated values.
+        torch._C._set_conj(r, stk.is_conj())
+        torch._C._set_neg(r, stk.is_neg())
     r.__dict__["_stk"] = stk
     n = stk.shape[0]
     ranks = _RANKS.get(n)
