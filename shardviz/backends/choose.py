@@ -66,8 +66,8 @@ def use(name: str = "local", world_size: int | None = None, **options: Any) -> B
         world_size = DEFAULT_WORLD_SIZE
     if name == "local":
         options["engine"] = _torch.check_engine(options.get("engine") or _torch.default_engine())
-    # the lockstep engine keeps the key the local backend always had
-    keyed = {k: v for k, v in options.items() if (k, v) != ("engine", "lockstep")}
+    # the default engine keeps the key the local backend always had
+    keyed = {k: v for k, v in options.items() if (k, v) != ("engine", _torch.DEFAULT_ENGINE)}
     key = (name, world_size, *sorted(keyed.items()))
     old = session.peek()
     if old is not None and old.key() == key:

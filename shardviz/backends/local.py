@@ -55,7 +55,7 @@ class LocalBackend:
 
     def key(self) -> tuple[Any, ...]:
         # the default engine keeps the key it always had (sv.use with the same arguments is a no-op)
-        if self.engine == "lockstep":
+        if self.engine == _torch.DEFAULT_ENGINE:
             return ("local", self.world_size)
         return ("local", self.world_size, ("engine", self.engine))
 

@@ -422,15 +422,20 @@ def test_per_block_compile_fullgraph(backend):
     assert {e.source.file for e in trace.collectives() if e.source} == {__file__}
 
 
-def test_compiled_blocks_under_fsdp2():
-    # parallelize_llama compiles each block, then shards it with FSDP2. torch 2.15 runs it; on torch
-    # 2.13 Dynamo recurses inside LocalTensorMode on the sharded parameters (torch's limit, any
-    # backend), said so at once, and the next recording simulates again.
+@pytest.mark.parametrize("engine", ["batched", "lockstep"])
+def test_compiled_blocks_under_fsdp2(engine):
+    # parallelize_llama compiles each block, then shards it with FSDP2. torch 2.15 runs it, and so
+    # does the batched engine (the default from 2.13); on torch 2.13 and 2.14 Dynamo recurses
+    # inside torch's own LocalTensorMode on the sharded parameters (torch's limit, any backend),
+    # said so at once, and the next recording simulates again.
+    if engine == "batched" and TORCH < (2, 13):
+        pytest.skip("the batched engine needs torch >= 2.13")
+    sv.use("local", world_size=WORLD, engine=engine)
     ref = reference()
     tokens, labels = batches(2)
     model, _ = build(ref, 1, 2, 4, whole=True, compile_config=CompileConfig(enable=True, backend="eager"))
     mine = sv.per_rank(lambda r: tokens[r // 4]), sv.per_rank(lambda r: labels[r // 4])
-    if TORCH >= (2, 15):
+    if TORCH >= (2, 15) or engine == "batched":
         with sv.record():
             loss = train_step(model, *mine, tokens.numel())
         check_against_reference(ref, model, loss, tokens, labels, dp_of=lambda r: r // 4)

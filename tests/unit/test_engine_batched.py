@@ -188,11 +188,15 @@ def test_a_lazy_conjugate_is_read_conjugated_as_per_rank():
 
 
 @needs_batched
-def test_elementwise_functions_keep_each_ranks_bits_at_any_size():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("size", [13, 128])
+def test_elementwise_functions_keep_each_ranks_bits_at_any_size(size, dtype):
     # torch's vector lanes and its scalar tail round sigmoid, silu, exp ... differently; a stack
     # moves which elements fall in the tail (13 floats a rank: 5 in the tail per rank, 1 in the
-    # stack's), so those run per rank. Written out against plain torch on each rank's tensor.
-    base = torch.randn(13) * 3
+    # stack's), so those run per rank. 128 a rank: whole lanes, run on the stack. Written out
+    # against plain torch on each rank's tensor, NaN and inf included.
+    base = (torch.randn(size) * 3).to(dtype)
+    base[3], base[5] = float("nan"), float("-inf")
 
     def program() -> Any:
         rank = dist.get_rank()
@@ -200,6 +204,10 @@ def test_elementwise_functions_keep_each_ranks_bits_at_any_size():
         y = base.flip(0) + 0
         fns = [torch.sigmoid(x), torch.nn.functional.silu(x), torch.tanh(x), torch.exp(x), x.pow(3)]
         fns += [torch.add(x, y, alpha=0.3), torch.lerp(x, y, 0.7), torch.addcmul(x, x, y, value=0.1)]
+        # In place, as AdamW writes: ranks 1-3's slices of the stack sit off the kernels' alignment
+        # (13 floats a rank), where the per-rank kernel writes into a copy, copied back.
+        fns += [x.clone().lerp_(y, 0.7), x.clone().addcmul_(x, y, value=0.1), x.clone().sigmoid_()]
+        fns.append(x.clone().index_put_((torch.tensor([1, 4]),), torch.tensor([-1.0, -2.0], dtype=dtype)))
         dist.all_reduce(total := fns[0].clone())
         return [*fns, total]
 
@@ -209,8 +217,12 @@ def test_elementwise_functions_keep_each_ranks_bits_at_any_size():
         x, y = base * (r + 1), base.flip(0)
         want = [torch.sigmoid(x), torch.nn.functional.silu(x), torch.tanh(x), torch.exp(x), x.pow(3)]
         want += [torch.add(x, y, alpha=0.3), torch.lerp(x, y, 0.7), torch.addcmul(x, x, y, value=0.1)]
+        want += [x.clone().lerp_(y, 0.7), x.clone().addcmul_(x, y, value=0.1), x.clone().sigmoid_()]
+        want.append(x.clone().index_put_((torch.tensor([1, 4]),), torch.tensor([-1.0, -2.0], dtype=dtype)))
         for i, w in enumerate(want):
-            assert torch.equal(out[i][r], w), f"result {i}, rank {r}"
+            got = out[i][r]
+            same = torch.equal(got.isnan(), w.isnan()) and torch.equal(got.nan_to_num(), w.nan_to_num())
+            assert same and got.dtype == w.dtype, f"result {i}, rank {r}"
 
 
 @needs_batched
@@ -502,16 +514,26 @@ def test_engine_switch_and_default():
     assert choose.current().engine == "lockstep"
 
 
+def test_the_default_engine_is_batched_from_torch_2_13(monkeypatch):
+    monkeypatch.delenv("SHARDVIZ_ENGINE", raising=False)
+    sv.use("local", world_size=2)
+    want = "batched" if TORCH >= (2, 13) else "lockstep"
+    assert choose.current().engine == want
+    assert choose.current().key() == ("local", 2)  # the key the local backend always had
+    mode = type(choose.current()._mode).__name__  # type: ignore[attr-defined]
+    assert mode == ("BatchedLocalTensorMode" if want == "batched" else "LocalTensorMode")
+
+
 @needs_batched
 def test_an_engine_named_in_sv_use_wins_over_the_environment(monkeypatch):
-    monkeypatch.setenv("SHARDVIZ_ENGINE", "batched")
+    monkeypatch.setenv("SHARDVIZ_ENGINE", "lockstep")
     try:
-        sv.use("local", world_size=2, engine="lockstep")
-        assert choose.current().engine == "lockstep"
-        assert choose.current().key() == ("local", 2)  # the key the lockstep backend always had
-        sv.use("local", world_size=2)  # the environment's engine: another backend
+        sv.use("local", world_size=2, engine="batched")
         assert choose.current().engine == "batched"
-        assert choose.current().key() == ("local", 2, ("engine", "batched"))
+        assert choose.current().key() == ("local", 2)  # the default engine's key
+        sv.use("local", world_size=2)  # the environment's engine: another backend
+        assert choose.current().engine == "lockstep"
+        assert choose.current().key() == ("local", 2, ("engine", "lockstep"))
     finally:
         monkeypatch.delenv("SHARDVIZ_ENGINE")
         sv.use("local")

@@ -87,6 +87,7 @@ from .meshes import (  # placements and meshes as plain data
     tracking_meshes,
 )
 from .modes import (  # LocalTensorMode and the dispatch-mode stack
+    DEFAULT_ENGINE,
     ENGINE_ENV,
     ENGINES,
     active_local_mode,
@@ -183,6 +184,7 @@ from .user_calls import (  # to_local / from_local watched
 __all__ = [
     "C10D_API_FILES",
     "COMPILES_IN_SIMULATION",
+    "DEFAULT_ENGINE",
     "DISPATCH_PLUMBING",
     "DTENSOR_DISPATCH_FILE",
     "ENGINES",

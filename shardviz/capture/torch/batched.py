@@ -140,7 +140,11 @@ _ELEMENTWISE = _ops(
     aten.ones_like,
     aten.full_like,
     aten.masked_fill_,
-)
+) | {
+    getattr(getattr(aten, name), overload)  # ``mask_a | mask_b``: the bitwise ops on tensors
+    for name in ("__and__", "__or__", "__xor__", "__iand__", "__ior__", "__ixor__")
+    for overload in ("Tensor", "Scalar")
+}
 # Elementwise ops run straight on the stacks only where each output element is one correctly
 # rounded IEEE operation (or none): then where an element falls in the kernel's loop (a vector
 # lane, the scalar tail, another thread's chunk) cannot change its bits. Stacking ranks moves
@@ -310,7 +314,7 @@ _OUT_OPS = {
 
 
 class _OpInfo:
-    __slots__ = ("alias_pairs", "conditional", "dropout_at", "out_op", "route", "write_arg")
+    __slots__ = ("alias_pairs", "conditional", "dropout_at", "lanes", "out_op", "route", "write_arg")
 
     def __init__(self, func: Any) -> None:
         self.route = _TORCH
@@ -319,6 +323,7 @@ class _OpInfo:
         self.dropout_at: tuple[int, float] | None = None  # a seeded op's dropout_p: (position, default)
         self.out_op = _OUT_OPS.get(func)
         self.conditional = False  # exact for some arguments only (``_one_rounding``)
+        self.lanes = False  # elementwise, exact on stacks in whole vector lanes (``_whole_lanes``)
         ns = func.namespace
         if ns in ("c10d", "_c10d_functional", "_dtensor"):
             self.route = _COLLECTIVE
@@ -372,6 +377,9 @@ class _OpInfo:
         elif func in _ELEMENTWISE or (torch.Tag.pointwise in tags and func in _EXACT):
             self.route = _POINTWISE
             self.conditional = func._opname in _CONDITIONAL
+        elif torch.Tag.pointwise in tags:
+            self.route = _LOOP
+            self.lanes = True
         elif self.alias_pairs:
             self.route = _VIEW if self.write_arg is None else _PER_RANK
         elif func in _MOVES:
@@ -487,6 +495,11 @@ class BatchedLocalTensorMode(LocalTensorMode):
                 # LocalTensorMode (and its copies of every rank's random state) around it.
                 return func._op_dk(_K.CompositeExplicitAutograd, *args, **kwargs)  # type: ignore[union-attr]
             return super().__torch_dispatch__(func, types, args, kwargs)
+        if func is _SCALAR and type(args[0]) is StackedLocalTensor and not self.check:
+            same = _same_number(args[0])
+            if same is not _FALLBACK:
+                self.batched_ops += 1
+                return same
         if route is _PER_RANK and info.dropout_at is not None:
             i, default = info.dropout_at
             p = args[i] if i < len(args) else kwargs.get("dropout_p", default)
@@ -525,6 +538,10 @@ class BatchedLocalTensorMode(LocalTensorMode):
                         out = self._vmap(func, info, args, kwargs)
                 elif route is _INPLACE_VIEW:
                     out = self._vmap(func, info, args, kwargs)
+                elif info.lanes and _whole_lanes(args, kwargs):
+                    out = _pointwise(func, info, args, kwargs)
+                    if out is _PER_SLICE or out is _FALLBACK:
+                        out = self._loop(func, info, args, kwargs)
                 else:
                     out = self._loop(func, info, args, kwargs)
                 if out is not _FALLBACK:
@@ -576,27 +593,44 @@ class BatchedLocalTensorMode(LocalTensorMode):
     def _loop(self, func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The op's own kernel on each rank's slice of the stacks, the results stacked: the same
         arithmetic as per rank, without LocalTensorMode's Python around each call."""
-        if info.write_arg is not None and type(args[info.write_arg]) is not StackedLocalTensor:
-            return _FALLBACK  # a plain tensor written with per-rank values: rank by rank
         world = self._world
         slices: dict[int, tuple[torch.Tensor, ...]] = {}
+        written: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
+        target = None
+        if info.write_arg is not None:
+            target = args[info.write_arg]
+            if type(target) is not StackedLocalTensor:
+                return _FALLBACK  # a plain tensor written with per-rank values: rank by rank
+            # Each rank's kernel writes its own tensor at its own alignment (a copy where the
+            # slice sits elsewhere), copied back into the stack after.
+            raw = target.__dict__["_stk"].unbind(0)
+            written = raw, _own_slices(target.__dict__["_stk"], raw)
+            slices[id(target)] = written[1]
         out_op: Any = info.out_op
         results = []
         stk = None
-        for r in range(world):
-            rargs = tuple(_at_rank(a, r, slices) for a in args)
-            rkwargs = {k: _at_rank(v, r, slices) for k, v in kwargs.items()} if kwargs else kwargs
+        outs: tuple[torch.Tensor, ...] = ()
+        # Each argument as its ranks' values, cut once: a stack's slices, anything else repeated.
+        cols = [_by_rank(a, world, slices) for a in args]
+        names = list(kwargs) if kwargs else ()
+        kcols = [_by_rank(kwargs[k], world, slices) for k in names]
+        for r, rargs in enumerate(zip(*cols, strict=True) if cols else ((),) * world):
+            rkwargs = dict(zip(names, (c[r] for c in kcols), strict=True)) if names else kwargs
             if stk is not None:
-                out_op(*rargs, **rkwargs, out=stk[r])  # the same kernel, writing in place
+                out_op(*rargs, **rkwargs, out=outs[r])  # the same kernel, writing in place
                 continue
             res = func(*rargs, **rkwargs)
             if out_op is not None and r == 0 and _row_major(res) and res.numel() and _aligned_rows(res):
                 stk = res.new_empty((world, *res.shape))
-                stk[0].copy_(res)
+                outs = stk.unbind(0)
+                outs[0].copy_(res)
                 continue
             results.append(res)
-        if info.write_arg is not None:
-            return args[info.write_arg]
+        if written is not None:
+            for mine, own in zip(*written, strict=True):
+                if own is not mine:
+                    mine.copy_(own)
+            return target
         if stk is not None:
             return wrap(stk)
         return _stack_results(results)
@@ -644,6 +678,20 @@ class BatchedLocalTensorMode(LocalTensorMode):
         return out
 
 
+def _by_rank(a: Any, world: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any:
+    """An argument's value on each rank: a stack's slices (cut once into ``slices``), a list's
+    ranks' lists, anything else the same on every rank."""
+    t = type(a)
+    if t is StackedLocalTensor:
+        views = slices.get(id(a))
+        if views is None:
+            views = slices[id(a)] = _own_slices(a.__dict__["_stk"])
+        return views
+    if t is list or t is tuple:
+        return [_at_rank(a, r, slices) for r in range(world)]
+    return (a,) * world
+
+
 def _at_rank(a: Any, r: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any:
     """Rank ``r``'s slice of a stacked argument (lists too), each stack cut once into ``slices``.
     A function of the module, not a closure calling itself: that would be a reference cycle
@@ -652,7 +700,7 @@ def _at_rank(a: Any, r: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any
     if t is StackedLocalTensor:
         views = slices.get(id(a))
         if views is None:
-            views = slices[id(a)] = _as_own_tensors(a.__dict__["_stk"].unbind(0))
+            views = slices[id(a)] = _own_slices(a.__dict__["_stk"])
         return views[r]
     if t is list or t is tuple:
         return t(_at_rank(b, r, slices) for b in a)
@@ -855,7 +903,55 @@ def _pointwise(func: Any, info: _OpInfo, args: tuple[Any, ...], kwargs: dict[str
     return _FALLBACK
 
 
+_SCALAR = aten._local_scalar_dense.default
+
+
+def _same_number(t: StackedLocalTensor) -> Any:
+    """``.item()`` where every rank holds the same number: that number, as LocalTensorMode
+    combines equal results (different ones, or NaN, which equals nothing: rank by rank)."""
+    stk = t.__dict__.get("_stk")
+    if stk is None or stk.numel() != stk.shape[0] or stk.is_conj() or stk.is_neg():
+        return _FALLBACK
+    values = stk.reshape(-1).tolist()
+    first = values[0]
+    if any(v != first for v in values):
+        return _FALLBACK
+    return first
+
+
 _PER_SLICE = object()  # ``_pointwise``: run per-rank kernels on the slices instead
+# torch's elementwise kernels run 2 vectors at a time (64 bytes of float32 ... 64 bfloat16 values
+# at most) and the rest in scalar code; above GRAIN elements, several threads split the range.
+_LANES = 64
+_GRAIN = 32768
+
+
+def _whole_lanes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an elementwise op that rounds by its place in torch's loop (``exp``, ``lerp``) gives
+    each rank its own bits on the stacks: every tensor a contiguous stack of one shape and dtype,
+    each rank a whole number of the kernels' widest step long, and one chunk of the range (or one
+    thread). Each rank's elements then take the lanes, and none the scalar tail, that they take
+    in the rank's own tensor."""
+    shape = None
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        t = type(a)
+        if t is StackedLocalTensor:
+            stk = a.__dict__["_stk"]
+            if shape is None:
+                shape, dtype = stk.shape, stk.dtype
+            elif stk.shape != shape or stk.dtype != dtype:
+                return False
+            if not stk.is_contiguous() or stk.is_complex() or stk.is_neg() or stk.is_conj():
+                return False
+        elif t is list or t is tuple or isinstance(a, torch.Tensor):
+            return False
+    if shape is None or not shape[0]:
+        return False
+    numel = shape.numel()
+    per_rank = numel // shape[0]
+    return per_rank > 0 and per_rank % _LANES == 0 and (numel < _GRAIN or torch.get_num_threads() == 1)
+
+
 _CAT = aten.cat.default
 
 
@@ -1005,11 +1101,18 @@ def _aligned_rows(t: torch.Tensor) -> bool:
     return (t.numel() * t.element_size()) % _KERNEL_ALIGNMENT == 0
 
 
-def _as_own_tensors(views: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def _own_slices(stk: torch.Tensor, views: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """A stack's slices (``views``, else cut here) as each rank's own tensor (``_as_own_tensors``);
+    all of them as they are where one rank's slot is a whole number of alignments long."""
+    aligned = (stk.stride(0) * stk.element_size()) % _KERNEL_ALIGNMENT == 0
+    return _as_own_tensors(stk.unbind(0) if views is None else views, aligned)
+
+
+def _as_own_tensors(views: tuple[torch.Tensor, ...], aligned: bool = False) -> tuple[torch.Tensor, ...]:
     """The ranks' slices of a stack as the kernels would see each rank's own tensor: a slice that
     starts at another alignment than rank 0's (which sits where a rank's own storage would) is
     copied to one that starts at rank 0's, with its strides."""
-    if not views:
+    if aligned or not views:
         return views
     want = views[0].data_ptr() % _KERNEL_ALIGNMENT
     return tuple(v if v.data_ptr() % _KERNEL_ALIGNMENT == want else _realigned(v, want) for v in views)

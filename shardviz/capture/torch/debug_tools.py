@@ -1,5 +1,5 @@
-"""torch's own debug modes (``CommDebugMode``, ``DebugMode``) in the lockstep simulator: they see
-what they see on real ranks.
+"""torch's own debug modes (``CommDebugMode``, ``DebugMode``) in the simulator: they see what they
+see on real ranks.
 
 A lockstep tensor (LocalTensor) answers size and stride queries through the dispatcher, so a
 dispatch mode entered inside the simulation sees ``aten.sym_size``, ``aten.sym_stride``,
@@ -7,7 +7,8 @@ dispatch mode entered inside the simulation sees ``aten.sym_size``, ``aten.sym_s
 dispatching. ``CommDebugMode`` then lists them among a module's operations (its default table,
 noise level 3, and an empty "BACKWARD PASS" for a module at level 1), and ``DebugMode`` logs them.
 While the simulation runs, those two modes pass such a query on a LocalTensor straight through,
-unlogged; every other op reaches them as it is.
+unlogged; every other op reaches them as it is, the batched engine's stacked tensors as the
+LocalTensors they are.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from .gate import DebugMode, LocalTensor
+from .stacked import StackedLocalTensor
 
 _aten = torch.ops.aten
 # Metadata a plain CPU tensor answers without dispatching (its sizes and strides policy).
@@ -51,6 +53,10 @@ def _unlogged_metadata(original: Any) -> Any:
     def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func in _METADATA and args and isinstance(args[0], LocalTensor):
             return func(*args, **(kwargs or {}))
+        if StackedLocalTensor in types:
+            # The batched engine's tensors are LocalTensors to these modes, which test the type
+            # exactly (``LocalTensor in types``): else DebugMode drops every op on them.
+            types = tuple(LocalTensor if t is StackedLocalTensor else t for t in types)
         return original(self, func, types, args, kwargs)
 
     return dispatch

@@ -38,18 +38,18 @@ def default_engine() -> str:
     return check_engine(name)
 
 
-DEFAULT_ENGINE = "lockstep"
-
-
 # The batched engine reaches LocalTensor's collective helpers as torch 2.13 has them.
 BATCHED_FROM = (2, 13)
+_HERE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+# The same results and traces as lockstep, bit for bit (tests/unit/test_engine_batched.py and the
+# differential test), several times faster; below 2.13 torch's LocalTensorMode, as before.
+DEFAULT_ENGINE = "batched" if _HERE >= BATCHED_FROM else "lockstep"
 
 
 def check_engine(name: object) -> str:
     if name not in ENGINES:
         raise ValueError(f"unknown simulator engine {name!r}; choose one of {ENGINES} (or set ${ENGINE_ENV})")
-    here = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-    if name == "batched" and here < BATCHED_FROM:
+    if name == "batched" and _HERE < BATCHED_FROM:
         raise ValueError(
             f"the batched simulator engine needs torch >= {BATCHED_FROM[0]}.{BATCHED_FROM[1]} (this is "
             f"{torch.__version__}): use the default engine, sv.use('local', world_size=N) (engine="
@@ -58,9 +58,9 @@ def check_engine(name: object) -> str:
     return str(name)
 
 
-def new_local_mode(world_size: int, engine: str = "lockstep") -> Any:
-    """A LocalTensorMode shardviz owns, on ``engine``."""
-    if check_engine(engine) == "batched":
+def new_local_mode(world_size: int, engine: str | None = None) -> Any:
+    """A LocalTensorMode shardviz owns, on ``engine`` (the default engine if None)."""
+    if check_engine(engine or default_engine()) == "batched":
         from .batched import BatchedLocalTensorMode
 
         mode = BatchedLocalTensorMode(world_size)

@@ -258,7 +258,7 @@ class ThreadedP2P:
             self._await_turn(t)
             self.check_stop()  # a thread that started late, after Ctrl-C, enters no mode
             try:
-                with new_local_mode(self.world_size):
+                with new_local_mode(self.world_size, "lockstep"):
                     try:
                         with setup(t) if setup is not None else contextlib.nullcontext(), P2PMode(self, t):
                             self.results[t] = fn(t)
