@@ -226,6 +226,38 @@ def test_elementwise_functions_keep_each_ranks_bits_at_any_size(size, dtype):
 
 
 @needs_batched
+def test_the_checking_mode_passes_a_correct_program_and_names_a_wrong_op(monkeypatch):
+    # SHARDVIZ_ENGINE_CHECK=1 reruns each batched op rank by rank: quiet on a correct program
+    # (meta tensors too, which hold no values: torchtitan builds its model on them), and a wrong
+    # result is named with its op and rank.
+    from shardviz.capture.torch import batched
+
+    def program() -> Any:
+        rank = dist.get_rank()
+        x = torch.randn(4, 64) * (rank + 1)
+        y = torch.nn.functional.silu(x) @ x.t() + x.sum() + (x * x).sum(1)
+        with torch.device("meta"):
+            m = torch.empty(8, 8) * 2
+        t = x.clone()
+        dist.all_reduce(t)
+        return [y, t, (x > 0).sum().item(), m.shape]
+
+    monkeypatch.setenv("SHARDVIZ_ENGINE_CHECK", "1")
+    _both(4, program)
+
+    def wrong(func: Any, info: Any, args: Any, kwargs: Any) -> Any:
+        out = right(func, info, args, kwargs)
+        if func is torch.ops.aten.mul.Tensor and type(out) is batched.StackedLocalTensor:
+            out.stack[2] += 1  # rank 2 off by one
+        return out
+
+    right = batched._pointwise
+    monkeypatch.setattr(batched, "_pointwise", wrong)
+    with pytest.raises(batched.EngineMismatch, match=r"aten\.mul\.Tensor.*rank 2 values differ by 1"):
+        _run("batched", 4, program)
+
+
+@needs_batched
 def test_matrix_products_of_slices_off_the_kernels_alignment_match_per_rank_bits():
     # A rank's [3, 10] float32 slice of a stack starts 120 bytes after the previous one: the
     # matrix kernels took another code path there and rounded the last bit otherwise (FSDP's
