@@ -208,15 +208,28 @@ def _work() -> Any:
     return dist.distributed_c10d.Work.boxed(FakeWork())
 
 
+_PREMUL_SUM = int(dist.ReduceOp.PREMUL_SUM)  # type: ignore[call-overload]
+
+
+def _reduce_kind(reduce_op: Any) -> Any:
+    """A boxed ReduceOp's kind; FALLBACK for PREMUL_SUM, whose factor LocalTensorMode's own path
+    reads (torch 2.15 takes it from the ReduceOp, shardviz's patch from the call on 2.13)."""
+    kind = reduce_op.op()
+    return FALLBACK if int(kind) == _PREMUL_SUM else kind
+
+
 def allreduce_(tensors: list[Any], process_group: Any, reduce_op: Any, *rest: Any, **kw: Any) -> Any:
     if len(tensors) != 1:
+        return FALLBACK
+    kind = _reduce_kind(reduce_op)
+    if kind is FALLBACK:
         return FALLBACK
     found = _input(tensors[0], process_group, need_dim=False)
     if found is None:
         return FALLBACK
     stk, table = found
     with _DisableTorchDispatch():
-        reduced = reduce_groups(reduce_op.op(), stk, table)
+        reduced = reduce_groups(kind, stk, table)
         stk.copy_(to_ranks(reduced, table))
     return (tensors, _work())
 
@@ -238,13 +251,14 @@ def allgather_base_(output_tensor: Any, input_tensor: Any, process_group: Any, *
 def reduce_scatter_base_(
     output_tensor: Any, input_tensor: Any, process_group: Any, reduce_op: Any, *rest: Any, **kw: Any
 ) -> Any:
-    found = _input(input_tensor, process_group)
+    kind = _reduce_kind(reduce_op)
+    found = _input(input_tensor, process_group) if kind is not FALLBACK else None
     out = stack_of(output_tensor)
     if found is None or out is None:
         return FALLBACK
     stk, table = found
     with _DisableTorchDispatch():
-        chunks = chunk_to_ranks(reduce_groups(reduce_op.op(), stk, table), table)
+        chunks = chunk_to_ranks(reduce_groups(kind, stk, table), table)
         if chunks is None or chunks.shape[1:] != out.shape[1:]:
             return FALLBACK
         out.copy_(chunks)
