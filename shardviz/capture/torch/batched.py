@@ -246,25 +246,29 @@ _COMPLEX_EXACT = _ELEMENTWISE | _ops(
 )
 
 
-def _one_rounding(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether this call of an exact op is one rounding: ``add``/``sub`` with ``alpha`` 1 (torch's
-    vector lanes fuse ``a + alpha * b``), ``div`` without a rounding mode, ``pow`` to 1 or 2 (torch
-    squares by one product), ``round`` without decimals."""
-    name = func._opname
-    if name in ("add", "add_", "sub", "sub_", "rsub"):
-        return len(args) <= 2 and kwargs.get("alpha", 1) == 1
-    if name in ("div", "div_"):
-        return kwargs.get("rounding_mode") is None and len(args) <= 2
-    if name in ("pow", "pow_"):
-        return len(args) == 2 and not isinstance(args[1], torch.Tensor) and args[1] in (1, 2)
-    if name in ("round", "round_"):
-        return not kwargs.get("decimals")
-    return True
+def _alpha_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return len(args) <= 2 and kwargs.get("alpha", 1) == 1  # torch's vector lanes fuse a + alpha * b
 
 
-_CONDITIONAL = frozenset(
-    {"add", "add_", "sub", "sub_", "rsub", "div", "div_", "pow", "pow_", "round", "round_"}
-)
+def _no_rounding_mode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return kwargs.get("rounding_mode") is None and len(args) <= 2
+
+
+def _square_or_identity(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return len(args) == 2 and not isinstance(args[1], torch.Tensor) and args[1] in (1, 2)  # one product
+
+
+def _no_decimals(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return not kwargs.get("decimals")
+
+
+# Exact ops that are one rounding only for some arguments, by op name: the test of the arguments.
+_ONE_ROUNDING: dict[str, Callable[[tuple[Any, ...], dict[str, Any]], bool]] = {
+    **dict.fromkeys(("add", "add_", "sub", "sub_", "rsub"), _alpha_one),
+    **dict.fromkeys(("div", "div_"), _no_rounding_mode),
+    **dict.fromkeys(("pow", "pow_"), _square_or_identity),
+    **dict.fromkeys(("round", "round_"), _no_decimals),
+}
 
 
 # Data movement through the batching rules: every output element is one input element.
@@ -322,7 +326,7 @@ class _OpInfo:
         self.write_arg: int | None = None
         self.dropout_at: tuple[int, float] | None = None  # a seeded op's dropout_p: (position, default)
         self.out_op = _OUT_OPS.get(func)
-        self.conditional = False  # exact for some arguments only (``_one_rounding``)
+        self.conditional: Any = None  # exact for some arguments only: their test (``_ONE_ROUNDING``)
         self.lanes = False  # elementwise, exact on stacks in whole vector lanes (``_whole_lanes``)
         ns = func.namespace
         if ns in ("c10d", "_c10d_functional", "_dtensor"):
@@ -376,7 +380,7 @@ class _OpInfo:
             self.route = _INPLACE_VIEW
         elif func in _ELEMENTWISE or (torch.Tag.pointwise in tags and func in _EXACT):
             self.route = _POINTWISE
-            self.conditional = func._opname in _CONDITIONAL
+            self.conditional = _ONE_ROUNDING.get(func._opname)
         elif torch.Tag.pointwise in tags:
             self.route = _LOOP
             self.lanes = True
@@ -520,7 +524,7 @@ class BatchedLocalTensorMode(LocalTensorMode):
                 if found == 0:
                     out = self._no_local(func, args, kwargs)
                 elif route is _POINTWISE:
-                    if info.conditional and not _one_rounding(func, args, kwargs):
+                    if info.conditional is not None and not info.conditional(args, kwargs):
                         out = self._loop(func, info, args, kwargs)
                     else:
                         out = _pointwise(func, info, args, kwargs)
@@ -678,15 +682,20 @@ class BatchedLocalTensorMode(LocalTensorMode):
         return out
 
 
+def _slices_of(a: StackedLocalTensor, slices: dict[int, tuple[torch.Tensor, ...]]) -> tuple[Any, ...]:
+    """A stacked argument's ranks as their own tensors (``_own_slices``), cut once into ``slices``."""
+    views = slices.get(id(a))
+    if views is None:
+        views = slices[id(a)] = _own_slices(a.__dict__["_stk"])
+    return views
+
+
 def _by_rank(a: Any, world: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any:
     """An argument's value on each rank: a stack's slices (cut once into ``slices``), a list's
     ranks' lists, anything else the same on every rank."""
     t = type(a)
     if t is StackedLocalTensor:
-        views = slices.get(id(a))
-        if views is None:
-            views = slices[id(a)] = _own_slices(a.__dict__["_stk"])
-        return views
+        return _slices_of(a, slices)
     if t is list or t is tuple:
         return [_at_rank(a, r, slices) for r in range(world)]
     return (a,) * world
@@ -698,10 +707,7 @@ def _at_rank(a: Any, r: int, slices: dict[int, tuple[torch.Tensor, ...]]) -> Any
     holding the slices, and so the stacks' memory, until the garbage collector ran."""
     t = type(a)
     if t is StackedLocalTensor:
-        views = slices.get(id(a))
-        if views is None:
-            views = slices[id(a)] = _own_slices(a.__dict__["_stk"])
-        return views[r]
+        return _slices_of(a, slices)[r]
     if t is list or t is tuple:
         return t(_at_rank(b, r, slices) for b in a)
     return a

@@ -14,6 +14,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .gate import LocalTensor, LocalTensorMode, _private
+from .gate import _version as _torch_version
 
 
 def active_local_mode() -> Any:
@@ -40,7 +41,7 @@ def default_engine() -> str:
 
 # The batched engine reaches LocalTensor's collective helpers as torch 2.13 has them.
 BATCHED_FROM = (2, 13)
-_HERE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+_HERE = _torch_version(torch.__version__)
 # The same results and traces as lockstep, bit for bit (tests/unit/test_engine_batched.py and the
 # differential test), several times faster; below 2.13 torch's LocalTensorMode, as before.
 DEFAULT_ENGINE = "batched" if _HERE >= BATCHED_FROM else "lockstep"
