@@ -121,6 +121,66 @@ def test_rank_dependent_values_and_plain_collectives():
     _both(4, program)
 
 
+def _kept(snaps: dict[int, Any]) -> dict[int, list[bool]]:
+    """Which of each rank's snapshots kept values."""
+    return {r: [x.values is not None for x in (s if isinstance(s, list) else [s])] for r, s in snaps.items()}
+
+
+def _shared(snaps: dict[int, Any]) -> set[tuple[int, int]]:
+    """Which ranks' snapshots of one side of a collective are the same object (one copy kept)."""
+    return {(r, s) for r in snaps for s in snaps if r < s and snaps[r] is snaps[s]}
+
+
+@needs_batched
+@pytest.mark.parametrize("values", ["all", "none", 100, 400])
+def test_snapshots_of_stacks_keep_lockstep_values_sharing_and_budget(values, monkeypatch):
+    """The recorder copies a stack of small buffers once for all ranks: the values, which ranks
+    share one snapshot, and where the value budget runs out are lockstep's, with NaN, inf, -0.0
+    and a dtype numpy lacks (bfloat16, which takes the per-rank path)."""
+    from shardviz.capture.recorder.snapshot import Snapshots
+
+    stacked: list[bool] = []
+    own = Snapshots._stacked
+
+    def counted(self: Any, *a: Any) -> Any:
+        out = own(self, *a)
+        stacked.append(out is not None)
+        return out
+
+    monkeypatch.setattr(Snapshots, "_stacked", counted)
+
+    def program() -> Any:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        x = sv.per_rank(lambda r: torch.tensor([float(r), -0.0, float("nan"), float("inf")]) * (r + 1))
+        dist.all_reduce(x)
+        g = torch.empty(16)
+        dist.all_gather_into_tensor(g, x)
+        d = distribute_tensor(torch.arange(16.0).reshape(4, 4), mesh, [Shard(0), Shard(1)])
+        b = distribute_tensor(torch.randn(4, 4).to(torch.bfloat16), mesh, [Shard(0), Shard(1)])
+        return [x, g, d.full_tensor(), b.full_tensor(), (d @ d).redistribute(mesh, [Replicate()] * 2)]
+
+    traces = {}
+    for engine in ("lockstep", "batched"):
+        cur = session.peek()
+        if cur is not None:
+            cur.close()
+        session.install(None)
+        sv.use("local", world_size=4, engine=engine)
+        torch.manual_seed(0)
+        with sv.record(values=values) as traces[engine]:
+            program()
+    a, b = traces["lockstep"], traces["batched"]
+    assert a == b
+    assert a.values_dropped_from == b.values_dropped_from
+    if values in ("all", 100, 400):
+        assert any(stacked), "the batched engine's stacks took the one-copy path"
+    for ea, eb in zip(a.collectives(), b.collectives(), strict=True):
+        for side in ("inputs", "outputs"):
+            sa, sb = getattr(ea, side), getattr(eb, side)
+            assert _shared(sa) == _shared(sb), f"{ea.op} {side}"
+            assert _kept(sa) == _kept(sb), f"{ea.op} {side}"
+
+
 @needs_batched
 def test_uneven_shards_fall_back_per_op():
     def program() -> Any:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import shardviz as sv
-from shardviz.capture.recorder import caches, frames, snapshot
+from shardviz.capture.recorder import caches, snapshot
 
 PACKAGE = Path(sv.__file__).parent / "recorder"
 
@@ -35,11 +35,11 @@ def test_clear_forgets_what_a_recording_remembered():
         x = sv.per_rank(lambda r: torch.full((4,), float(r)))
         dist.all_reduce(x)
     assert trace.collectives()[0].source is not None
-    assert caches.SOURCES and frames._code_kind.cache_info().currsize
+    assert caches.SOURCES and caches.CODE_KINDS
     assert snapshot.describe.cache_info().currsize
     caches.clear()
     assert not caches.SOURCES and not caches.WRITTEN and not caches.LAYOUTS
-    assert frames._code_kind.cache_info().currsize == 0
+    assert not caches.CODE_KINDS
     assert snapshot.describe.cache_info().currsize == 0
     # and recording again fills them afresh, with the same result
     with sv.record() as again:

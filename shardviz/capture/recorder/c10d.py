@@ -46,6 +46,8 @@ def mismatched_shapes(
     process group gives."""
     if spec.op not in _SAME_SHAPES and impl not in _SAME_SHAPES_IMPLS:
         return None
+    if all(_torch.plain_stack(t) is not None for t in inputs):
+        return None  # the batched engine's stacks: every rank's tensor has one shape and dtype
     per_rank = [_torch.local_tensors(t) for t in inputs]
     if not per_rank or any(p is None for p in per_rank):
         return None
@@ -205,16 +207,13 @@ def reduce_per_group(
 def _clone_per_member(
     groups: Sequence[tuple[int, ...]], value_of: Callable[[tuple[int, ...]], torch.Tensor]
 ) -> tuple[Any, dict[int, torch.Tensor]]:
-    """Each group's value computed once, a clone for each member: the members' LocalTensor, and
+    """Each group's value computed once, a copy for each member: the members' LocalTensor, and
     the values by the group's first rank (for the snapshot)."""
-    out: dict[int, torch.Tensor] = {}
     values: dict[int, torch.Tensor] = {}
     with _torch.plain_ops():
         for g in groups:
-            value = values[g[0]] = value_of(g)
-            for r in g:
-                out[r] = value.clone()
-    return _torch.new_local_tensor(out), values
+            values[g[0]] = value_of(g)
+    return _torch.local_of_copies({r: values[g[0]] for g in groups for r in g}), values
 
 
 _LOCAL_REDUCE_OPS = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor"}

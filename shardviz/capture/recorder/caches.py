@@ -24,6 +24,8 @@ SOURCES: dict[tuple[Any, int], Source] = {}
 LAYOUTS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 # The (position, name) of each argument an op writes, by op.
 WRITTEN: dict[Any, tuple[tuple[int, str], ...]] = {}
+# What a code object is to the walk to the user's line (``frames``), by code object.
+CODE_KINDS: dict[Any, int] = {}
 
 _WORLD: dict[tuple[Any, ...], Any] = {}
 _WORLD_OWNER: list[Any] = [None]  # the world group _WORLD belongs to (held: its id stays its own)
@@ -65,7 +67,7 @@ def memo(maxsize: int | None) -> Callable[[Callable[..., T]], Callable[..., T]]:
 
 def clear() -> None:
     """Forget everything remembered (tests, and a world torn down)."""
-    for table in (SOURCES, LAYOUTS, WRITTEN, _WORLD):
+    for table in (SOURCES, LAYOUTS, WRITTEN, CODE_KINDS, _WORLD):
         table.clear()
     _WORLD_OWNER[0] = None
     for cached in _MEMOS:

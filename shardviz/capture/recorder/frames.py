@@ -40,7 +40,7 @@ def add_library(folder: str) -> None:
     folder = os.path.join(os.path.abspath(folder), "")
     if folder not in _OTHER_LIBRARIES:
         _OTHER_LIBRARIES = (*_OTHER_LIBRARIES, folder)
-        _code_kind.cache_clear()  # type: ignore[attr-defined]  # an lru_cache (caches.memo)
+        caches.CODE_KINDS.clear()
 
 
 # Code torch generates and runs between a compiled module's caller and its ops (torch.fx's
@@ -101,8 +101,11 @@ def user_frame(
     event costs no second walk.
     """
     in_dispatch = False
+    kinds = caches.CODE_KINDS
     while frame is not None:
-        kind = _code_kind(frame.f_code)
+        kind = kinds.get(frame.f_code)
+        if kind is None:
+            kind = _code_kind(frame.f_code)
         if kind == _USER:
             return frame, in_dispatch
         if kind & _DISPATCH:
@@ -127,8 +130,16 @@ def user_frame(
     return None, in_dispatch
 
 
-@caches.memo(maxsize=65536)
 def _code_kind(code: Any) -> int:
+    """What ``code`` is (a bit set), worked out once per code object (``caches.CODE_KINDS``): the
+    walk to the user's line asks for every frame of every event."""
+    kind = caches.CODE_KINDS.get(code)
+    if kind is None:
+        kind = caches.remember(caches.CODE_KINDS, code, _classify(code), 65536)
+    return kind
+
+
+def _classify(code: Any) -> int:
     fn = code.co_filename
     if fn.startswith(TORCH_DIR):
         kind = _LIBRARY

@@ -486,7 +486,7 @@ class Recorder(_torch.DebugMode):
     def _dtensor_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         eid = self._reserve()
         source, module, phase, _ = self._context()
-        flat = [a for a in flatten((args, kwargs)) if _torch.is_dtensor(a)]
+        flat = _dtensors(*args, *kwargs.values())
         for a in flat:
             self._note_mesh(a.device_mesh)
         if self.rank is None and written(func):
@@ -494,13 +494,15 @@ class Recorder(_torch.DebugMode):
         inputs = tuple(_torch.placements_str(a.placements) for a in flat)
         self._current_op = eid
         self._in_dtensor_op = True
-        _torch.TorchDispatchMode.__enter__(self)
+        # Back on top of the mode stack (torch took this mode off for this call), so that the
+        # collectives and local ops of DTensor's dispatch reach it.
+        _torch.reenter(self)
         try:
             out = func(*args, **kwargs)
         finally:
-            _torch.TorchDispatchMode.__exit__(self, None, None, None)
+            _torch.leave_reentered()
             self._in_dtensor_op = False
-        outputs = tuple(_torch.placements_str(o.placements) for o in flatten(out) if _torch.is_dtensor(o))
+        outputs = tuple(_torch.placements_str(o.placements) for o in _dtensors(out))
         self._end(
             OpEvent(
                 id=eid,
@@ -785,6 +787,19 @@ class Recorder(_torch.DebugMode):
         dropped_from = self._dropped_from(renumber)
         if dropped_from is not None:
             self.trace.values_dropped_from = dropped_from
+
+
+def _dtensors(*xs: Any) -> list[Any]:
+    """The DTensors among an op's arguments or results (nested in lists, tuples and dicts), in
+    order: ``flatten`` without a list of every leaf, as it runs once per DTensor op."""
+    out: list[Any] = []
+    for x in xs:
+        if isinstance(x, torch.Tensor):
+            if _torch.is_dtensor(x):
+                out.append(x)
+        elif isinstance(x, (list, tuple, dict)):
+            out.extend(a for a in flatten(x) if _torch.is_dtensor(a))
+    return out
 
 
 def active() -> Recorder | None:

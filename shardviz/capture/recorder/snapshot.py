@@ -161,7 +161,11 @@ def per_rank(t: Any, ranks: Sequence[int]) -> dict[int, torch.Tensor]:
 def present_ranks(ts: Sequence[torch.Tensor], world_size: int) -> list[int]:
     """The ranks the first LocalTensor holds (an incomplete group's collective runs on fewer)."""
     for t in ts:
-        local = _torch.local_tensors(_torch.settled(t))
+        t = _torch.settled(t)
+        stk = _torch.plain_stack(t)
+        if stk is not None:
+            return list(range(stk.shape[0]))
+        local = _torch.local_tensors(t)
         if local is not None:
             return sorted(local)
     return list(range(world_size))
@@ -170,6 +174,12 @@ def present_ranks(ts: Sequence[torch.Tensor], world_size: int) -> list[int]:
 def nbytes(ts: Sequence[torch.Tensor], ranks: Sequence[int]) -> dict[int, int]:
     out = dict.fromkeys(ranks, 0)
     for t in ts:
+        stk = _torch.plain_stack(_torch.settled(t))
+        if stk is not None and len(ranks) == stk.shape[0]:  # every rank's tensor of one size
+            size = describe(stk.shape[1:], stk.dtype)[2]
+            for r in ranks:
+                out[r] += size
+            continue
         for r, lt in per_rank(t, ranks).items():
             out[r] = out.get(r, 0) + describe(lt.shape, lt.dtype)[2]
     return out
@@ -372,15 +382,55 @@ class Snapshots:
         while isinstance(items, (list, tuple)) and len(items) == 1:
             items = items[0]
         listed = isinstance(items, (list, tuple))
+        leader = {r: g[0] for g in groups for r in g}
+        if not listed:
+            stacked = self._stacked(items, ranks, eid, leader)
+            if stacked is not None:
+                return stacked
         ts = list(items) if listed else [items]
         per_tensor = [per_rank(t, ranks) for t in ts]
         if self.budget.left <= 0:  # metadata only: no tensor work, no need to leave the modes
             if self.budget.keeps_any and self.budget.exhausted_at is None:
                 self.budget.exhausted_at = eid
             return {r: self._metadata(per_tensor, r, listed) for r in ranks}
-        leader = {r: g[0] for g in groups for r in g}
         with quiet(t for pt in per_tensor for t in pt.values()):
             return self._values(per_tensor, ranks, eid, leader, listed, alias)
+
+    def _stacked(
+        self, t: Any, ranks: Sequence[int], eid: int, leader: dict[int, int]
+    ) -> dict[int, Any] | None:
+        """The batched engine's stack of small buffers, copied once for all ranks (each rank's
+        snapshot a row of the copy), with what ``_values`` gives rank by rank: the same budget,
+        a rank equal to its group's first sharing that snapshot. None where that path differs
+        (a buffer to alias, a dtype numpy lacks, ranks not 0..N-1)."""
+        stk = _torch.plain_stack(_torch.settled(t)) if isinstance(t, torch.Tensor) else None
+        if stk is None or len(ranks) != stk.shape[0] or any(r != i for i, r in enumerate(ranks)):
+            return None
+        shape, dtype, size = describe(stk.shape[1:], stk.dtype)
+        if self.budget.left <= 0:  # metadata only, as in ``take``
+            if self.budget.keeps_any and self.budget.exhausted_at is None:
+                self.budget.exhausted_at = eid
+            return dict.fromkeys(ranks, _shared_snapshot(shape, dtype))
+        if size > _SMALL or not readable(stk):
+            return None
+        with _torch.plain_ops():
+            values = stk.numpy().copy()
+        word = _WORDS.get(stk.element_size())
+        out: dict[int, Any] = {}
+        for r in ranks:
+            first = leader.get(r, r)
+            if (
+                first != r
+                and first in out
+                and word is not None
+                and np.array_equal(values[r].view(word), values[first].view(word))
+            ):
+                out[r] = out[first]
+            elif self.budget.take(size, eid):
+                out[r] = TensorSnapshot(shape, dtype, values[r])
+            else:
+                out[r] = TensorSnapshot(shape, dtype)
+        return out
 
     def _values(
         self,
@@ -416,7 +466,6 @@ class Snapshots:
         """Snapshots of a collective's outputs that shardviz made itself, one per group: every
         member got a clone of its group's value, which nothing else holds, so the snapshot keeps
         that tensor's buffer as it is, with no compare and no copy."""
-        by_member = per_rank(out, ranks)
         by_rank: dict[int, Any] = {}
         for g in groups:
             value = group_values.get(g[0])
@@ -425,7 +474,10 @@ class Snapshots:
             snap = self.one(value, eid, owned=True)
             for r in g:
                 by_rank[r] = snap
+        if all(r in by_rank for r in ranks):
+            return {r: by_rank[r] for r in ranks}
         # A rank of an incomplete group gets no output, as in LocalTensorMode.
+        by_member = per_rank(out, ranks)
         return {r: by_rank[r] if r in by_rank else meta_snapshot(by_member.get(r)) for r in ranks}
 
     @staticmethod

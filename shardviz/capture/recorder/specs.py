@@ -138,5 +138,12 @@ def reduce_name(op: Any) -> str | None:
     return REDUCE_NAMES.get(name, name.lower())
 
 
+_OP_NAMES: dict[Any, str] = {}
+
+
 def op_name(func: Any) -> str:
-    return str(func).removesuffix(".default")
+    """An op's name as the trace shows it (``aten.mm``); memoised, as every op event asks."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func).removesuffix(".default")
+    return name

@@ -34,6 +34,8 @@ _REQUIRED: dict[str, tuple[str, str | None] | list[tuple[str, str | None]]] = {
     "resolve_process_group": ("torch.distributed.distributed_c10d", "_resolve_process_group"),
     "storage_use_count": ("torch._C", "_storage_Use_Count"),
     "DisableTorchDispatch": ("torch._C", "_DisableTorchDispatch"),
+    "push_dispatch_mode": ("torch._C", "_push_on_torch_dispatch_stack"),
+    "pop_dispatch_mode": ("torch._C", "_pop_torch_dispatch_stack"),
     "local_reduce": ("torch.distributed._local_tensor._c10d", "_local_reduce"),
     "local_tensor_module": ("torch.distributed._local_tensor", None),
 }

@@ -50,6 +50,13 @@ _placement_names: dict[Any, tuple[str, ...]] = {}
 
 def placements_str(placements: Sequence[Any]) -> tuple[str, ...]:
     """Placement strings of torch placements; memoised (placements are hashable and few)."""
+    if type(placements) is tuple:  # a DTensor's own (its spec's): no copy to look it up
+        try:
+            hit = _placement_names.get(placements)
+        except TypeError:  # an unhashable placement: handled below
+            hit = None
+        if hit is not None:
+            return hit
     key = tuple(placements)
     try:
         return _placement_names[key]

@@ -161,6 +161,19 @@ def plain_ops() -> Any:
     return _private["DisableTorchDispatch"]()
 
 
+def reenter(mode: Any) -> None:
+    """Put ``mode`` back on top of the dispatch-mode stack from inside its own
+    ``__torch_dispatch__``, where torch took it off for the call, so that the ops the call runs
+    reach it again. ``TorchDispatchMode.__enter__`` would also save and set Python-side flags, which
+    the mode's first entry set already: at one push per DTensor op, that costs the recorder."""
+    _private["push_dispatch_mode"](mode)
+
+
+def leave_reentered() -> None:
+    """Take the mode ``reenter`` pushed off again."""
+    _private["pop_dispatch_mode"](None)
+
+
 def local_reduce(reduce_op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
     """A group's reduction exactly as LocalTensorMode computes it (same order, same bits)."""
     return _private["local_reduce"](reduce_op, tensors)

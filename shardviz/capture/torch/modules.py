@@ -35,6 +35,8 @@ class ModuleStack:
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: list[Any] = []
         self._spans: list[tuple[int, int, str]] = []
+        # The owner found for each autograd node's sequence number, until the next span is added.
+        self._owners: dict[int, str | None] = {}
         # A named module runs compiled: the walk to the user's line looks for the module being
         # called (see ``current``), as no hook of its runs outside the compiled code.
         self.compiled = False
@@ -67,6 +69,7 @@ class ModuleStack:
         end = torch._C._autograd._get_sequence_nr()
         if end > start:
             self._spans.append((start, end, name))
+            self._owners.clear()
 
     def current(self, fsdp_owner: Any = None, called: Any = None) -> str | None:
         """``fsdp_owner``: the module whose FSDP2 parameter group is on the stack (``fsdp_owner``
@@ -89,6 +92,16 @@ class ModuleStack:
         return self._stack[-1][0] if self._stack else None
 
     def _backward_owner(self, seq: int) -> str | None:
+        """The innermost module whose forward created node ``seq``; looked up once per node, as
+        every op and collective of the backward asks."""
+        try:
+            return self._owners[seq]
+        except KeyError:
+            pass
+        owner = self._owners[seq] = self._find_owner(seq)
+        return owner
+
+    def _find_owner(self, seq: int) -> str | None:
         best: tuple[int, str] | None = None
         for start, end, name in reversed(self._spans):
             if start <= seq < end and (best is None or end - start < best[0]):

@@ -216,13 +216,32 @@ def stack_of(t: Any) -> torch.Tensor | None:
 def make_local(per_rank: dict[int, torch.Tensor]) -> LocalTensor:
     """A LocalTensor of these per-rank tensors: stacked (one copy of them) when they cover ranks
     0..N-1 with the same shape, dtype and a contiguous layout, held per rank otherwise."""
-    values = (
-        [per_rank[r] for r in range(len(per_rank))] if sorted(per_rank) == list(range(len(per_rank))) else []
-    )
-    if values and uniform(values) and values[0].is_contiguous():
+    values = _stackable(per_rank)
+    if values is not None:
         with _DisableTorchDispatch():
             return wrap(torch.stack(values))
     return LocalTensor.__new__(StackedLocalTensor, per_rank)
+
+
+def stacked_copies(per_rank: dict[int, torch.Tensor]) -> LocalTensor | None:
+    """A stacked LocalTensor holding a copy of ``per_rank[r]`` on each rank r, where one tensor
+    may stand for several ranks (a group's result, for each member): the stack is the copy. None
+    where they do not stack."""
+    values = _stackable(per_rank)
+    if values is None:
+        return None
+    with _DisableTorchDispatch():
+        return wrap(torch.stack(values))
+
+
+def _stackable(per_rank: dict[int, torch.Tensor]) -> list[torch.Tensor] | None:
+    """The tensors in rank order where they cover ranks 0..N-1 with one shape and dtype and a
+    contiguous layout; None otherwise."""
+    n = len(per_rank)
+    if n == 0 or any(r not in per_rank for r in range(n)):
+        return None
+    values = [per_rank[r] for r in range(n)]
+    return values if uniform(values) and values[0].is_contiguous() else None
 
 
 def uniform(values: list[torch.Tensor]) -> bool:

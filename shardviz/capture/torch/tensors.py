@@ -10,7 +10,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from .gate import LocalTensor, _private
-from .modes import active_local_mode, is_batched, no_dispatch
+from .modes import active_local_mode, is_batched, no_dispatch, plain_ops
 
 
 def forget_dtensor_caches() -> None:
@@ -152,6 +152,33 @@ def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
 
         return make_local(per_rank)
     return LocalTensor(per_rank)
+
+
+def plain_stack(t: Any) -> torch.Tensor | None:
+    """The plain tensor ``[ranks, ...]`` in which a stacked LocalTensor (the batched engine's)
+    holds its ranks' values, as it is; None for anything else (a LocalTensor held per rank)."""
+    from .stacked import StackedLocalTensor
+
+    if type(t) is StackedLocalTensor:
+        stk = t.__dict__.get("_stk")
+        if type(stk) is torch.Tensor:
+            return stk
+    return None
+
+
+def local_of_copies(per_rank: dict[int, torch.Tensor]) -> Any:
+    """A LocalTensor holding its own copy of ``per_rank[r]`` on each rank r, where one plain
+    tensor may stand for several ranks (a group's result, for each member): under the batched
+    engine the stack is that copy, otherwise each rank gets a clone."""
+    if is_batched(active_local_mode()):
+        from .stacked import stacked_copies
+
+        stacked = stacked_copies(per_rank)
+        if stacked is not None:
+            return stacked
+    with plain_ops():
+        copies = {r: t.clone() for r, t in per_rank.items()}
+    return new_local_tensor(copies)
 
 
 def replicated_local(t: torch.Tensor, ranks: Sequence[int]) -> Any:
