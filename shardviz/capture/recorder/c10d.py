@@ -171,8 +171,11 @@ def gather_per_group(
 ) -> tuple[Any, dict[int, torch.Tensor]] | None:
     """all_gather_into_tensor (Shard -> Replicate): the group's shards concatenated along dim 0.
     A rank of an incomplete group gets no output, as in LocalTensorMode."""
-    local = _plain_local(bound.get("input"))
     size = bound.get("group_size")
+    done = _torch.per_group_on_stack("gather", bound.get("input"), groups, size=size)
+    if done is not None:
+        return done
+    local = _plain_local(bound.get("input"))
     if local is None:
         return None
     complete = [g for g in groups if len(g) == size and all(r in local for r in g)]
@@ -186,9 +189,14 @@ def reduce_per_group(
 ) -> tuple[Any, dict[int, torch.Tensor]] | None:
     """all_reduce (Partial -> Replicate): LocalTensorMode's reduction of the group's inputs, in the
     input's dtype, contiguous (the functional op clones its input and reduces into the clone)."""
-    local = _plain_local(bound.get("input"))
     op = bound.get("reduce_op")
-    if local is None or op not in _LOCAL_REDUCE_OPS:
+    if op not in _LOCAL_REDUCE_OPS:
+        return None
+    done = _torch.per_group_on_stack("reduce", bound.get("input"), groups, op=op)
+    if done is not None:
+        return done
+    local = _plain_local(bound.get("input"))
+    if local is None:
         return None
     covered = sorted(r for g in groups for r in g)
     if covered != sorted(local) or not all(len(g) == len(groups[0]) for g in groups):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .stacked import stack_of, wrap
+from .stacked import StackedLocalTensor, stack_of, wrap
 
 _lt_c10d = importlib.import_module("torch.distributed._local_tensor._c10d")
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
@@ -108,6 +108,32 @@ def chunk_to_ranks(values: torch.Tensor, table: GroupTable) -> torch.Tensor | No
         return None
     chunks = values.reshape(values.shape[0], table.size, d0 // table.size, *values.shape[2:])
     return chunks[table.group_of, table.index_in]
+
+
+def per_group_on_stack(
+    kind: str, t: Any, groups: Any, op: str | None = None, size: int | None = None
+) -> tuple[Any, dict[int, torch.Tensor]] | None:
+    """The recorder's all-gather (``kind="gather"``, groups of ``size``) or all-reduce
+    (``"reduce"`` with ``op``) of a stacked LocalTensor over groups tiling every rank: each
+    group's value once, ``[G, ...]``, in one op for all groups; each rank's copy of it in one
+    more. Returns the ranks' LocalTensor and the values by each group's first rank (the
+    recorder's own, for its snapshots), or None where the per-group code must run (a tensor held
+    per rank or requiring grad, groups leaving a rank out, a 0-d gather)."""
+    stk = t.__dict__.get("_stk") if type(t) is StackedLocalTensor else None
+    if type(stk) is not torch.Tensor or stk.requires_grad:
+        return None
+    table = table_for(groups, stk.shape[0])
+    if table is None or (kind == "gather" and (stk.dim() < 2 or table.size != size)):
+        return None
+    with _DisableTorchDispatch():
+        if kind == "gather":
+            values = gather_groups(stk, table)
+        else:
+            # in the input's dtype, contiguous, as the per-group code copies it
+            values = torch.empty((table.members.shape[0], *stk.shape[1:]), dtype=stk.dtype)
+            values.copy_(reduce_groups(op, stk, table))
+        out = wrap(to_ranks(values, table))
+    return out, {int(g[0]): values[i] for i, g in enumerate(table.members.tolist())}
 
 
 def _input(t: Any, group: Any, need_dim: bool = True) -> tuple[torch.Tensor, GroupTable] | None:

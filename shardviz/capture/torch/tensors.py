@@ -166,6 +166,16 @@ def plain_stack(t: Any) -> torch.Tensor | None:
     return None
 
 
+def per_group_on_stack(
+    kind: str, t: Any, groups: Any, op: str | None = None, size: int | None = None
+) -> tuple[Any, dict[int, torch.Tensor]] | None:
+    """The recorder's per-group all-gather or all-reduce on a stacked LocalTensor, all groups at
+    once (``rank_collectives.per_group_on_stack``); None where it must run group by group."""
+    from .rank_collectives import per_group_on_stack as on_stack
+
+    return on_stack(kind, t, groups, op=op, size=size)
+
+
 def local_of_copies(per_rank: dict[int, torch.Tensor]) -> Any:
     """A LocalTensor holding its own copy of ``per_rank[r]`` on each rank r, where one plain
     tensor may stand for several ranks (a group's result, for each member): under the batched
