@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -157,7 +158,11 @@ def test_snapshots_of_stacks_keep_lockstep_values_sharing_and_budget(values, mon
         dist.all_gather_into_tensor(g, x)
         d = distribute_tensor(torch.arange(16.0).reshape(4, 4), mesh, [Shard(0), Shard(1)])
         b = distribute_tensor(torch.randn(4, 4).to(torch.bfloat16), mesh, [Shard(0), Shard(1)])
-        return [x, g, d.full_tensor(), b.full_tensor(), (d @ d).redistribute(mesh, [Replicate()] * 2)]
+        c = sv.per_rank(lambda r: torch.full((3,), complex(r, -r), dtype=torch.complex128))
+        dist.all_reduce(c)  # no integer word as wide: compared as same_bits does
+        s = sv.per_rank(lambda r: torch.tensor(float(r) * 0.5))
+        dist.all_reduce(s)  # 0-d buffers
+        return [x, g, d.full_tensor(), b.full_tensor(), (d @ d).redistribute(mesh, [Replicate()] * 2), c, s]
 
     traces = {}
     for engine in ("lockstep", "batched"):
@@ -179,6 +184,25 @@ def test_snapshots_of_stacks_keep_lockstep_values_sharing_and_budget(values, mon
             sa, sb = getattr(ea, side), getattr(eb, side)
             assert _shared(sa) == _shared(sb), f"{ea.op} {side}"
             assert _kept(sa) == _kept(sb), f"{ea.op} {side}"
+            for snap in sb.values():
+                for one in snap if isinstance(snap, list) else [snap]:
+                    assert one.values is None or type(one.values) is np.ndarray, f"{ea.op} {side}"
+
+
+@needs_batched
+def test_a_snapshot_over_a_spent_budget_holds_no_more_than_its_own_row():
+    """Where the budget keeps some ranks' values and not others, a kept snapshot is its own copy,
+    not a row of the whole stack's copy (which would hold every rank's bytes the budget refused)."""
+    sv.use("local", world_size=4, engine="batched")
+    row = 256 * 4
+    with sv.record(values=row + 8) as trace:
+        x = sv.per_rank(lambda r: torch.full((256,), float(r)))
+        dist.all_reduce(x)
+    (c,) = trace.collectives()
+    kept = [r for r, s in sorted(c.inputs.items()) if s.values is not None]
+    assert kept == [0]
+    assert c.inputs[0].values.tolist() == [0.0] * 256
+    assert c.inputs[0].values.base is None or c.inputs[0].values.base.nbytes <= row
 
 
 @needs_batched

@@ -411,23 +411,29 @@ class Snapshots:
             if self.budget.keeps_any and self.budget.exhausted_at is None:
                 self.budget.exhausted_at = eid
             return dict.fromkeys(ranks, _shared_snapshot(shape, dtype))
-        if size > _SMALL or not readable(stk):
-            return None
+        word = _WORDS.get(stk.element_size())
+        if size > _SMALL or word is None or not readable(stk):
+            return None  # (no integer word as wide as complex128: same_bits compares those)
         with _torch.plain_ops():
             values = stk.numpy().copy()
-        word = _WORDS.get(stk.element_size())
-        out: dict[int, Any] = {}
+        kept: dict[int, bool] = {}  # rank -> keeps values of its own (False: over budget)
+        shares: dict[int, int] = {}
         for r in ranks:
             first = leader.get(r, r)
-            if (
-                first != r
-                and first in out
-                and word is not None
-                and np.array_equal(values[r].view(word), values[first].view(word))
-            ):
-                out[r] = out[first]
-            elif self.budget.take(size, eid):
-                out[r] = TensorSnapshot(shape, dtype, values[r])
+            same = first != r and first in kept
+            if same and np.array_equal(values[r].view(word), values[first].view(word)):
+                shares[r] = first
+            else:
+                kept[r] = self.budget.take(size, eid)
+        # Rows of the one copy, 0-d ones as arrays; each its own copy where some rows are not
+        # kept, so that the snapshots hold no more memory than the budget counted.
+        whole = len(shares) == 0 and all(kept.values())
+        out: dict[int, Any] = {}
+        for r in ranks:
+            if r in shares:
+                out[r] = out[shares[r]]
+            elif kept[r]:
+                out[r] = TensorSnapshot(shape, dtype, values[r, ...] if whole else values[r, ...].copy())
             else:
                 out[r] = TensorSnapshot(shape, dtype)
         return out
@@ -467,13 +473,21 @@ class Snapshots:
         member got a clone of its group's value, which nothing else holds, so the snapshot keeps
         that tensor's buffer as it is, with no compare and no copy."""
         by_rank: dict[int, Any] = {}
+        snaps: list[TensorSnapshot] = []
         for g in groups:
             value = group_values.get(g[0])
             if value is None:
                 continue
             snap = self.one(value, eid, owned=True)
+            snaps.append(snap)
             for r in g:
                 by_rank[r] = snap
+        if any(s.values is None for s in snaps):
+            # Over budget part way: the groups' values may be rows of one tensor (the batched
+            # engine's), which a kept row's view would hold whole. Keep the kept rows alone.
+            for s in snaps:
+                if s.values is not None and s.values.base is not None:
+                    object.__setattr__(s, "values", s.values.copy())
         if all(r in by_rank for r in ranks):
             return {r: by_rank[r] for r in ranks}
         # A rank of an incomplete group gets no output, as in LocalTensorMode.

@@ -130,7 +130,7 @@ def per_group_on_stack(
             values = gather_groups(stk, table)
         else:
             # in the input's dtype, contiguous, as the per-group code copies it
-            values = torch.empty((table.members.shape[0], *stk.shape[1:]), dtype=stk.dtype)
+            values = torch.empty((table.members.shape[0], *stk.shape[1:]), dtype=stk.dtype, device=stk.device)
             values.copy_(reduce_groups(op, stk, table))
         out = wrap(to_ranks(values, table))
     return out, {int(g[0]): values[i] for i, g in enumerate(table.members.tolist())}
