@@ -56,9 +56,13 @@ class ValueBudget:
         if nbytes <= self.left:
             self.left -= nbytes
             return True
+        self.spent(event_id)
+        return False
+
+    def spent(self, event_id: int) -> None:
+        """Event ``event_id`` found the budget spent: the first such is where values stop."""
         if self.exhausted_at is None and self.keeps_any:
             self.exhausted_at = event_id
-        return False
 
 
 # --- values as numpy ---------------------------------------------------------------------------
@@ -390,8 +394,7 @@ class Snapshots:
         ts = list(items) if listed else [items]
         per_tensor = [per_rank(t, ranks) for t in ts]
         if self.budget.left <= 0:  # metadata only: no tensor work, no need to leave the modes
-            if self.budget.keeps_any and self.budget.exhausted_at is None:
-                self.budget.exhausted_at = eid
+            self.budget.spent(eid)
             return {r: self._metadata(per_tensor, r, listed) for r in ranks}
         with quiet(t for pt in per_tensor for t in pt.values()):
             return self._values(per_tensor, ranks, eid, leader, listed, alias)
@@ -408,8 +411,7 @@ class Snapshots:
             return None
         shape, dtype, size = describe(stk.shape[1:], stk.dtype)
         if self.budget.left <= 0:  # metadata only, as in ``take``
-            if self.budget.keeps_any and self.budget.exhausted_at is None:
-                self.budget.exhausted_at = eid
+            self.budget.spent(eid)
             return dict.fromkeys(ranks, _shared_snapshot(shape, dtype))
         word = _WORDS.get(stk.element_size())
         if size > _SMALL or word is None or not readable(stk):

@@ -163,6 +163,7 @@ from .rank_threads import (  # one thread per rank: a c10d world per thread
     thread_world,
 )
 from .registries import process_dict_names, register_process_dict  # what each rank holds as a process
+from .stacked import plain_stack  # the batched engine's stacks, read as they are
 from .tensors import (  # tensor internals
     dtype_name,
     forget_dtensor_caches,
@@ -173,7 +174,6 @@ from .tensors import (  # tensor internals
     own_copies,
     parameters_per_rank,
     per_group_on_stack,
-    plain_stack,
     plain_tensors,
     rank_tensors,
     replicated_local,

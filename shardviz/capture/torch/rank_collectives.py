@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .stacked import StackedLocalTensor, stack_of, wrap
+from .stacked import plain_stack, stack_of, wrap
 
 _lt_c10d = importlib.import_module("torch.distributed._local_tensor._c10d")
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
@@ -119,8 +119,8 @@ def per_group_on_stack(
     more. Returns the ranks' LocalTensor and the values by each group's first rank (the
     recorder's own, for its snapshots), or None where the per-group code must run (a tensor held
     per rank or requiring grad, groups leaving a rank out, a 0-d gather)."""
-    stk = t.__dict__.get("_stk") if type(t) is StackedLocalTensor else None
-    if type(stk) is not torch.Tensor or stk.requires_grad:
+    stk = plain_stack(t)
+    if stk is None or stk.requires_grad:
         return None
     table = table_for(groups, stk.shape[0])
     if table is None or (kind == "gather" and (stk.dim() < 2 or table.size != size)):

@@ -213,13 +213,22 @@ def stack_of(t: Any) -> torch.Tensor | None:
     return None
 
 
+def plain_stack(t: Any) -> torch.Tensor | None:
+    """The plain tensor ``[ranks, ...]`` in which a stacked LocalTensor holds its ranks' values, as
+    it is (unlike ``stack_of``, never restacking); None for anything else."""
+    if type(t) is StackedLocalTensor:
+        stk = t.__dict__.get("_stk")
+        if type(stk) is torch.Tensor:
+            return stk
+    return None
+
+
 def make_local(per_rank: dict[int, torch.Tensor]) -> LocalTensor:
     """A LocalTensor of these per-rank tensors: stacked (one copy of them) when they cover ranks
     0..N-1 with the same shape, dtype and a contiguous layout, held per rank otherwise."""
-    values = _stackable(per_rank)
-    if values is not None:
-        with _DisableTorchDispatch():
-            return wrap(torch.stack(values))
+    stacked = stacked_copies(per_rank)
+    if stacked is not None:
+        return stacked
     return LocalTensor.__new__(StackedLocalTensor, per_rank)
 
 

@@ -154,18 +154,6 @@ def new_local_tensor(per_rank: dict[int, torch.Tensor]) -> Any:
     return LocalTensor(per_rank)
 
 
-def plain_stack(t: Any) -> torch.Tensor | None:
-    """The plain tensor ``[ranks, ...]`` in which a stacked LocalTensor (the batched engine's)
-    holds its ranks' values, as it is; None for anything else (a LocalTensor held per rank)."""
-    from .stacked import StackedLocalTensor
-
-    if type(t) is StackedLocalTensor:
-        stk = t.__dict__.get("_stk")
-        if type(stk) is torch.Tensor:
-            return stk
-    return None
-
-
 def per_group_on_stack(
     kind: str, t: Any, groups: Any, op: str | None = None, size: int | None = None
 ) -> tuple[Any, dict[int, torch.Tensor]] | None:
