@@ -101,7 +101,7 @@ test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c "import torch; print('test-compat: torch', torch.__version__)"
 	$(COMPAT_VENV)/bin/python -m pytest tests/unit tests/titan tests/physicsnemo notebooks $(PYTEST_ARGS)
 
-# The venvs alone (CI installs them while `make test` runs).
+# The venvs alone (CI installs each before it is needed: .ci/run).
 compat-venv: $(COMPAT_STAMP)
 old-venv: $(OLD_STAMP)
 
