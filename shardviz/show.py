@@ -10,6 +10,8 @@ options each takes. A backend hands what it wants drawn to ``session.draw``, whi
 from __future__ import annotations
 
 import functools
+import importlib
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,38 +60,66 @@ class _Views:
     values: bool = True  # the page embeds values, up to sv.export_html's values_budget
 
 
+def _view(module: str, name: str) -> Callable[..., Any]:
+    """``shardviz.views.<module>.<name>``, imported when first called: a picture loads matplotlib
+    and its own module, not every widget's (anywidget, ipywidgets) with them."""
+
+    def draw(*args: Any, **options: Any) -> Any:
+        view: Callable[..., Any] = getattr(importlib.import_module(f".views.{module}", __package__), name)
+        return view(*args, **options)
+
+    return draw
+
+
 @functools.cache
 def _views() -> dict[type, _Views]:
-    """The one table from a kind of plain data to its views (loaded when something is drawn)."""
-    from .views.memory_mpl import plot_memory
-    from .views.memory_svg import MemoryView
-    from .views.model_mpl import plot_model_map
-    from .views.model_view import ModelWidget
-    from .views.mpl import plot_layout
-    from .views.numerics_mpl import plot_numerics
-    from .views.numerics_view import NumericsWidget
-    from .views.pipeline_mpl import plot_timeline
-    from .views.pipeline_svg import TimelineView
-    from .views.player import PlayerWidget, event_trace
-    from .views.trace_mpl import plot_event, plot_trace
+    """The one table from a kind of plain data to its views (each imported when first drawn)."""
 
     def play_event(e: Event, **options: Any) -> PlayerWidget:
-        return PlayerWidget(event_trace(e), **options)
+        from .views.player import PlayerWidget, event_trace
 
-    def plot_one_event(e: Event, trace: Trace | None = None, **options: Any) -> Figure:
-        return plot_event(e, trace, **options)
+        return PlayerWidget(event_trace(e), **options)
 
     def layout_widget(layout: Layout, values: Any = None, **options: Any) -> LayoutWidget:
         return show_layout(layout, values, **options)  # looked up when called: tests stand in for it
 
     return {
-        Layout: _Views(layout_widget, (*_WIDGET_OPTIONS, "values_note"), plot_layout, _VIEW_OPTIONS),
-        Trace: _Views(PlayerWidget, _PLAYER_OPTIONS, plot_trace, ("link", "title")),
-        Event: _Views(play_event, _PLAYER_OPTIONS, plot_one_event, ("title", "trace")),
-        ModelMap: _Views(ModelWidget, _MODEL_OPTIONS, plot_model_map, (*_MAP_OPTIONS, "stack", "title")),
-        NumericsReport: _Views(NumericsWidget, ("selected", "title"), plot_numerics, ("title",)),
-        Timeline: _Views(TimelineView, ("title",), plot_timeline, ("title",), values=False),
-        MemoryTimeline: _Views(MemoryView, ("title",), plot_memory, ("title",), values=False),
+        Layout: _Views(
+            layout_widget, (*_WIDGET_OPTIONS, "values_note"), _view("mpl", "plot_layout"), _VIEW_OPTIONS
+        ),
+        Trace: _Views(
+            _view("player", "PlayerWidget"),
+            _PLAYER_OPTIONS,
+            _view("trace_mpl", "plot_trace"),
+            ("link", "title"),
+        ),
+        Event: _Views(play_event, _PLAYER_OPTIONS, _view("trace_mpl", "plot_event"), ("title", "trace")),
+        ModelMap: _Views(
+            _view("model_view", "ModelWidget"),
+            _MODEL_OPTIONS,
+            _view("model_mpl", "plot_model_map"),
+            (*_MAP_OPTIONS, "stack", "title"),
+        ),
+        NumericsReport: _Views(
+            _view("numerics_view", "NumericsWidget"),
+            ("selected", "title"),
+            _view("numerics_mpl", "plot_numerics"),
+            ("title",),
+        ),
+        Timeline: _Views(
+            _view("pipeline_svg", "TimelineView"),
+            ("title",),
+            _view("pipeline_mpl", "plot_timeline"),
+            ("title",),
+            values=False,
+        ),
+        MemoryTimeline: _Views(
+            _view("memory_svg", "MemoryView"),
+            ("title",),
+            _view("memory_mpl", "plot_memory"),
+            ("title",),
+            values=False,
+        ),
     }
 
 
@@ -167,9 +197,8 @@ def plot(obj: Any, **options: Any) -> Figure:
 
 def _playground(obj: Any, who: str, options: Mapping[str, Any]) -> Any:
     """``obj`` when it is the placement playground (``sv.playground()``), which takes no options."""
-    from .views.playground import PlaygroundWidget
-
-    if not isinstance(obj, PlaygroundWidget):
+    playground = sys.modules.get(f"{__package__}.views.playground")  # a playground loaded it
+    if playground is None or not isinstance(obj, playground.PlaygroundWidget):
         return None
     _check_options(who, options, ("values_budget",) if who == "sv.export_html" else ())
     return obj

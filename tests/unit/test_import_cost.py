@@ -46,9 +46,10 @@ def test_every_public_name_resolves_after_a_bare_import():
 
 
 def test_first_picture_in_a_fresh_process(tmp_path):
-    """The README's first picture from a bare interpreter: a 4-rank DTensor drawn to PNG."""
+    """The README's first picture from a bare interpreter: a 4-rank DTensor drawn to PNG, loading
+    matplotlib and no widget (anywidget, ipywidgets: every view's module imported when first drawn)."""
     png = tmp_path / "dt.png"
-    _fresh(
+    out = _fresh(
         "import torch, shardviz as sv\n"
         "from torch.distributed.device_mesh import init_device_mesh\n"
         "from torch.distributed.tensor import Shard, distribute_tensor\n"
@@ -57,5 +58,8 @@ def test_first_picture_in_a_fresh_process(tmp_path):
         "    mesh = init_device_mesh('cpu', (4,))\n"
         "    dt = distribute_tensor(torch.arange(30.0).reshape(10, 3), mesh, [Shard(0)])\n"
         f"sv.plot(dt).savefig({str(png)!r})\n"
+        "import sys, json\n"
+        f"print(json.dumps(sorted(m for m in {list(HEAVY)!r} if m in sys.modules)))"
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(out) == ["matplotlib", "shardviz.capture.recorder", "torch.distributed.tensor"]
