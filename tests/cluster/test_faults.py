@@ -36,7 +36,10 @@ def spmd(ip, cell):
 def assert_recovers(ip):
     t0 = time.monotonic()
     sv.restart()
-    assert time.monotonic() - t0 < TIMEOUT + 10
+    # At most one wait for the timeout and, for a dead rank, an engine's start (Python, torch, a
+    # process group): 9 s on an idle 2-core machine, 24 s on a CI machine installing a venv
+    # meanwhile. The bound catches a restart that hangs, not a slow machine.
+    assert time.monotonic() - t0 < TIMEOUT + 40
     out, _ = spmd(ip, ALL_REDUCE)
     assert out.tolist() == [2.0, 2.0]  # a sum over 2 ranks: the process group works again
 

@@ -140,7 +140,11 @@ def test_transformers_on_threads_equals_gloo_and_the_unsharded_model(model, layo
             assert_same(side["grads"], ref["grads"])
             assert_same(side["params"], ref["params"])
         assert trace.results[r]["dp_rank"] == real[r]["dp_rank"]
-        torch.testing.assert_close(trace.results[r]["loss"], real[r]["loss"], rtol=0, atol=0)
+        # To float32 rounding, not bit for bit: gloo's all-reduce sums each chunk of a buffer
+        # starting from a different rank, the threads backend every element in rank order (as
+        # lockstep does), so a TP all-reduce can differ in its last bit (1 ulp of the loss seen on
+        # an AVX-512 machine; the bits agreed on others).
+        torch.testing.assert_close(trace.results[r]["loss"], real[r]["loss"])
     assert collectives(trace) == collectives(gloo_trace(gloo_job, name))
     assert len(trace.collectives()) > 0
 
