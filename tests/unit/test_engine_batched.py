@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 import shardviz as sv
 from shardviz.backends import choose, session
@@ -189,6 +189,15 @@ def test_snapshots_of_stacks_keep_lockstep_values_sharing_and_budget(values, mon
                     assert one.values is None or type(one.values) is np.ndarray, f"{ea.op} {side}"
 
 
+def _held_bytes(a: np.ndarray) -> int:
+    """The bytes a snapshot's array keeps alive: its own, or those of what it views (a numpy
+    array's, or a torch tensor's whole storage)."""
+    base: Any = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base.untyped_storage().nbytes() if isinstance(base, torch.Tensor) else base.nbytes
+
+
 @needs_batched
 def test_a_snapshot_over_a_spent_budget_holds_no_more_than_its_own_row():
     """Where the budget keeps some ranks' values and not others, a kept snapshot is its own copy,
@@ -202,7 +211,27 @@ def test_a_snapshot_over_a_spent_budget_holds_no_more_than_its_own_row():
     kept = [r for r, s in sorted(c.inputs.items()) if s.values is not None]
     assert kept == [0]
     assert c.inputs[0].values.tolist() == [0.0] * 256
-    assert c.inputs[0].values.base is None or c.inputs[0].values.base.nbytes <= row
+    assert _held_bytes(c.inputs[0].values) == row
+
+
+@needs_batched
+@pytest.mark.parametrize("engine", ["lockstep", "batched"])
+def test_group_outputs_over_a_spent_budget_hold_no_more_than_their_own_row(engine):
+    """The same for the outputs the recorder computes per group: where the budget keeps the first
+    group's value and not the second's, the kept one holds its own bytes, and both engines agree."""
+    sv.use("local", world_size=4, engine=engine)
+    row = 256 * 4
+    mesh = init_device_mesh("cpu", (2, 2))
+    with sv.record(values=4 * row + row + 8) as trace:  # every input, then one group's output
+        x = sv.per_rank(lambda r: torch.full((256,), float(r)))  # inside: the batched engine's stack
+        # DTensor's all-reduce over mesh dim 1, groups (0, 1) and (2, 3): the recorder's own
+        # per-group values (on the batched engine, rows of one tensor)
+        DTensor.from_local(x, mesh, [Replicate(), Partial()]).redistribute(mesh, [Replicate()] * 2)
+    (c,) = trace.collectives()
+    kept = [r for r, s in sorted(c.outputs.items()) if s.values is not None]
+    assert kept == [0, 1]
+    assert c.outputs[0].values.tolist() == [1.0] * 256  # 0 + 1
+    assert _held_bytes(c.outputs[0].values) == row
 
 
 @needs_batched

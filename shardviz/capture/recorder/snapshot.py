@@ -474,22 +474,16 @@ class Snapshots:
         """Snapshots of a collective's outputs that shardviz made itself, one per group: every
         member got a clone of its group's value, which nothing else holds, so the snapshot keeps
         that tensor's buffer as it is, with no compare and no copy."""
+        present = [(g, v) for g in groups if (v := group_values.get(g[0])) is not None]
+        # The groups' values may be rows of one tensor (the batched engine's), which a kept row's
+        # view would hold whole: kept as they are only where the budget keeps them all, else each
+        # kept one is copied.
+        owned = sum(v.numel() * v.element_size() for _, v in present) <= self.budget.left
         by_rank: dict[int, Any] = {}
-        snaps: list[TensorSnapshot] = []
-        for g in groups:
-            value = group_values.get(g[0])
-            if value is None:
-                continue
-            snap = self.one(value, eid, owned=True)
-            snaps.append(snap)
+        for g, value in present:
+            snap = self.one(value, eid, owned=owned)
             for r in g:
                 by_rank[r] = snap
-        if any(s.values is None for s in snaps):
-            # Over budget part way: the groups' values may be rows of one tensor (the batched
-            # engine's), which a kept row's view would hold whole. Keep the kept rows alone.
-            for s in snaps:
-                if s.values is not None and s.values.base is not None:
-                    object.__setattr__(s, "values", s.values.copy())
         if all(r in by_rank for r in ranks):
             return {r: by_rank[r] for r in ranks}
         # A rank of an incomplete group gets no output, as in LocalTensorMode.
